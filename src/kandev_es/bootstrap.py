@@ -1,0 +1,97 @@
+"""Composition root: wire storage, services and projections once. Tests wire
+the same code with other settings, never with a forked path."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from kandev_es.application import Tasks
+from kandev_es.config import Settings
+from kandev_es.creation.service import CreationService
+from kandev_es.projections.identities import IdentitiesProjection
+from kandev_es.projections.runner import ProjectionRunner
+from kandev_es.projections.tasks import TasksProjection
+from kandev_es.services.auth import TokenService
+from kandev_es.services.tasks import TaskService
+from kandev_es.services.workspaces import WorkspaceService
+from kandev_es.storage.attestation import AttestationGuard
+from kandev_es.storage.database import (
+    Database,
+    PostgresDatabase,
+    SQLiteDatabase,
+    base_postgres_url,
+    parse_postgres_url,
+)
+from kandev_es.storage.schema import create_tables
+
+log = logging.getLogger("kandev_es")
+
+
+@dataclass
+class Services:
+    settings: Settings
+    app: Tasks
+    database: Database
+    attestation: AttestationGuard
+    creation: CreationService
+    tasks: TaskService
+    workspaces: WorkspaceService
+    tokens: TokenService
+    projections: ProjectionRunner
+
+    def close(self) -> None:
+        self.projections.stop()
+        self.database.close()
+        self.app.close()
+
+
+def open_database(settings: Settings) -> Database:
+    if settings.database_url:
+        schema = parse_postgres_url(settings.database_url).get("POSTGRES_SCHEMA")
+        return PostgresDatabase(
+            base_postgres_url(settings.database_url), schema, pool_size=settings.pool_size
+        )
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    return SQLiteDatabase(settings.sqlite_path)
+
+
+def init_storage(settings: Settings) -> None:
+    """Create every table once (``kandev-es db init``, and ``serve`` before workers)."""
+    database = open_database(settings)
+    try:
+        if isinstance(database, PostgresDatabase):
+            database.create_schema()
+        create_tables(database)
+    finally:
+        database.close()
+    app = Tasks(settings.with_overrides(create_tables=True))
+    app.close()
+
+
+def bootstrap(settings: Settings) -> Services:
+    if settings.create_tables:
+        init_storage(settings)
+    app = Tasks(settings.with_overrides(create_tables=False))
+    database = open_database(settings)
+    attestation = AttestationGuard(database)
+    if attestation.current.ok:
+        log.info("schema attested backend=%s", database.backend)
+    else:
+        log.error(
+            "schema attestation FAILED backend=%s problems=%s; external-ID traffic refused",
+            database.backend,
+            attestation.current.problems,
+        )
+    projections = ProjectionRunner(app, database, [TasksProjection(), IdentitiesProjection()])
+    return Services(
+        settings=settings,
+        app=app,
+        database=database,
+        attestation=attestation,
+        creation=CreationService(app, database, attestation),
+        tasks=TaskService(app, database),
+        workspaces=WorkspaceService(app, database),
+        tokens=TokenService(app),
+        projections=projections,
+    )

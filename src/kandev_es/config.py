@@ -1,0 +1,52 @@
+"""Settings, read from the environment in this one place."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the composition root needs to wire storage and adapters."""
+
+    data_dir: Path = Path(".kandev-es")
+    database_url: str | None = None
+    # Workers run with table creation off; `kandev-es db init` creates them once.
+    create_tables: bool = True
+    pool_size: int = 5
+    max_body_bytes: int = 1_048_576
+    projection_poll_seconds: float = 0.2
+    log_level: str = "INFO"
+
+    @property
+    def backend(self) -> str:
+        return "postgres" if self.database_url else "sqlite"
+
+    @property
+    def sqlite_path(self) -> Path:
+        return self.data_dir / "kandev.sqlite3"
+
+    def with_overrides(self, **changes: object) -> Settings:
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+
+def _flag(value: str | None, default: bool) -> bool:
+    if value is None or value == "":
+        return default
+    return value.strip().lower() in {"1", "true", "yes", "y", "on"}
+
+
+def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
+    env = os.environ if environ is None else environ
+    return Settings(
+        data_dir=Path(env.get("KANDEV_DATA_DIR") or ".kandev-es"),
+        database_url=env.get("KANDEV_DATABASE_URL") or None,
+        create_tables=_flag(env.get("KANDEV_CREATE_TABLES"), True),
+        pool_size=int(env.get("KANDEV_POOL_SIZE") or 5),
+        max_body_bytes=int(env.get("KANDEV_MAX_BODY_BYTES") or 1_048_576),
+        projection_poll_seconds=float(env.get("KANDEV_PROJECTION_POLL_SECONDS") or 0.2),
+        log_level=env.get("KANDEV_LOG_LEVEL") or "INFO",
+    )

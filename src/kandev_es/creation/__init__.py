@@ -1,0 +1,1 @@
+"""The create protocol (DESIGN §4): one implementation for every entry point."""

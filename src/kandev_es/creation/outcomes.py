@@ -1,0 +1,44 @@
+"""The four outcomes of a create carrying an external ID (seed, "What")."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+
+class Outcome(str, Enum):
+    CREATED = "created"
+    FOUND_SETTLED = "found_settled"
+    FOUND_UNSETTLED = "found_unsettled"
+    CREATED_IDENTITY_LOST = "created_identity_lost"
+
+    @property
+    def deduplicated(self) -> bool:
+        return self in (Outcome.FOUND_SETTLED, Outcome.FOUND_UNSETTLED)
+
+    @property
+    def creation_complete(self) -> bool:
+        return self is not Outcome.FOUND_UNSETTLED
+
+
+UNSETTLED_ADVICE = (
+    "Another create owns this identity and has not finished. Proceed with this task id, "
+    "poll the lookup until creation_complete is true, or escalate to a human. "
+    "Never release the identity and create again."
+)
+
+
+@dataclass(frozen=True)
+class CreateResult:
+    outcome: Outcome
+    task: dict[str, Any]
+
+    def to_response(self) -> dict[str, Any]:
+        body = dict(self.task)
+        body["outcome"] = self.outcome.value
+        body["deduplicated"] = self.outcome.deduplicated
+        body["creation_complete"] = self.outcome.creation_complete
+        if self.outcome is Outcome.FOUND_UNSETTLED:
+            body["advice"] = UNSETTLED_ADVICE
+        return body

@@ -1,0 +1,39 @@
+"""The CreationPlan: the validated request, as stored durably in Claimed. A
+recovering Runtime acts from this manifest alone."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class CreationPlan:
+    workspace_id: uuid.UUID
+    external_id: str | None
+    identifier: str
+    title: str
+    description: str
+    workflow: str
+    workflow_step: str
+    repositories: list[str] = field(default_factory=list)
+    attachments: list[str] = field(default_factory=list)
+    start_agent: bool = False
+    agent_profile: str | None = None
+    parent_id: uuid.UUID | None = None
+    # Names of the effect steps the creation must prove before Completing.
+    steps: list[str] = field(default_factory=list)
+
+    def to_manifest(self) -> dict[str, Any]:
+        manifest = asdict(self)
+        manifest["workspace_id"] = str(self.workspace_id)
+        manifest["parent_id"] = str(self.parent_id) if self.parent_id else None
+        return manifest
+
+    @property
+    def plan_hash(self) -> str:
+        canonical = json.dumps(self.to_manifest(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode("utf-8")).hexdigest()

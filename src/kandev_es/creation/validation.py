@@ -1,0 +1,41 @@
+"""Server-state validation of a create (step 4, after the schema): workflow and
+step, registered repositories, uploaded attachments, agent profile, parent."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kandev_es.application import Tasks
+from kandev_es.domain.task import Task
+from kandev_es.domain.workspace import Workspace
+from kandev_es.errors import UnknownReference
+
+
+def validate_against_workspace(app: Tasks, workspace: Workspace, fields: dict[str, Any]) -> None:
+    """Check references and fill defaults in place; raise on the first unknown."""
+    workflow = fields["workflow"]
+    steps = workspace.workflows.get(workflow)
+    if steps is None:
+        raise UnknownReference(f"unknown workflow {workflow!r}", field="workflow")
+    if fields.get("workflow_step") is None:
+        fields["workflow_step"] = steps[0]
+    elif fields["workflow_step"] not in steps:
+        raise UnknownReference(
+            f"workflow {workflow!r} has no step {fields['workflow_step']!r}",
+            field="workflow_step",
+        )
+    for name in fields["repositories"]:
+        if name not in workspace.repositories:
+            raise UnknownReference(f"unknown repository {name!r}", field="repositories")
+    for attachment in fields["attachments"]:
+        # No attachment is claimable until uploads land (effects issue); any
+        # reference is therefore unknown, and says so rather than being dropped.
+        raise UnknownReference(f"unknown attachment {attachment!r}", field="attachments")
+    profile = fields.get("agent_profile")
+    if profile is not None and profile not in workspace.agent_profiles:
+        raise UnknownReference(f"unknown agent profile {profile!r}", field="agent_profile")
+    parent_id = fields.get("parent_id")
+    if parent_id is not None:
+        parent = app.load(parent_id, Task)
+        if parent is None or parent.deleted or parent.workspace_id != workspace.id:
+            raise UnknownReference("unknown parent task", field="parent_id")

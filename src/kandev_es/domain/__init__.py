@@ -1,0 +1,1 @@
+"""Pure domain: aggregates and value objects. No I/O lives here."""

@@ -1,0 +1,61 @@
+"""External ID validation, in the one order the protocol fixes (DESIGN §4 step 2).
+
+1. reject ASCII control characters (U+0000-U+001F, U+007F) before trimming,
+2. trim Unicode whitespace (Python's ``str.isspace``),
+3. empty after trimming means "absent", not an error,
+4. at most 255 UTF-8 bytes.
+
+Nothing else is normalised: no case folding, no NFC/NFD, so matching stays
+byte-exact.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from kandev_es.errors import InvalidExternalId
+
+MAX_EXTERNAL_ID_BYTES = 255
+IDENTITY_NAMESPACE = uuid.UUID("6f6b9c1e-5c7a-4d0e-9a43-2f1d8f6a0b71")
+
+
+def _is_ascii_control(char: str) -> bool:
+    code = ord(char)
+    return code <= 0x1F or code == 0x7F
+
+
+def normalize_external_id(raw: object) -> str | None:
+    """Return the canonical external ID, or None when absent."""
+    if raw is None:
+        return None
+    if not isinstance(raw, str):
+        raise InvalidExternalId("external_id must be a string", reason="not_a_string")
+    for position, char in enumerate(raw):
+        if _is_ascii_control(char):
+            raise InvalidExternalId(
+                "external_id contains an ASCII control character",
+                reason="control_character",
+                position=position,
+            )
+    trimmed = raw.strip()
+    if not trimmed:
+        return None
+    try:
+        encoded = trimmed.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidExternalId(
+            "external_id is not valid Unicode text", reason="invalid_unicode"
+        ) from None
+    if len(encoded) > MAX_EXTERNAL_ID_BYTES:
+        raise InvalidExternalId(
+            f"external_id is longer than {MAX_EXTERNAL_ID_BYTES} UTF-8 bytes",
+            reason="too_long",
+            length_bytes=len(encoded),
+        )
+    return trimmed
+
+
+def identity_id(workspace_id: uuid.UUID, external_id: str) -> uuid.UUID:
+    """Aggregate id of the identity: the event store's unique (originator_id,
+    version) index is then the uniqueness backstop."""
+    return uuid.uuid5(IDENTITY_NAMESPACE, f"{workspace_id}\x00{external_id}")

@@ -1,0 +1,210 @@
+"""The Identity aggregate: one stream per (workspace, external ID).
+
+The stream is the identity's whole history across holders. Each Claimed opens a
+new tenure; every later event names its tenure, because after a release a new
+tenure may start while the released one is still finishing (AC-7).
+Guards live in the command methods, never in ``apply``: old events must always
+replay even when the rules tighten.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from eventsourcing.domain import Aggregate
+
+from kandev_es.domain.errors import DomainRuleBroken
+
+PREPARING = "preparing"
+COMPLETING = "completing"
+COMPLETED = "completed"
+ABORTING = "aborting"
+ABORTED = "aborted"
+
+OUTCOME_CREATED = "created"
+OUTCOME_CREATED_IDENTITY_LOST = "created_identity_lost"
+
+
+@dataclass
+class Tenure:
+    number: int
+    task_id: uuid.UUID
+    owner_id: str
+    actor: str
+    plan: dict[str, Any]
+    plan_hash: str
+    lease_expires_at: datetime
+    epoch: int = 0
+    phase: str = PREPARING
+    released: bool = False
+    release_operation_id: str | None = None
+    outcome: str | None = None
+    steps: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def holds(self) -> bool:
+        return not self.released and self.phase != ABORTED
+
+    @property
+    def settled(self) -> bool:
+        return self.phase == COMPLETED
+
+
+class Identity(Aggregate):
+    class Registered(Aggregate.Created):
+        workspace_id: uuid.UUID
+        external_id: str | None
+
+    def __init__(self, workspace_id: uuid.UUID, external_id: str | None) -> None:
+        self.workspace_id = workspace_id
+        self.external_id = external_id
+        self.tenures: dict[int, Tenure] = {}
+
+    @classmethod
+    def register(
+        cls, identity_id: uuid.UUID, workspace_id: uuid.UUID, external_id: str | None
+    ) -> Identity:
+        return cls._create(
+            cls.Registered, id=identity_id, workspace_id=workspace_id, external_id=external_id
+        )
+
+    # ----- queries -----------------------------------------------------------
+    @property
+    def holder(self) -> Tenure | None:
+        for number in sorted(self.tenures, reverse=True):
+            tenure = self.tenures[number]
+            if tenure.holds:
+                return tenure
+        return None
+
+    def tenure(self, number: int) -> Tenure:
+        try:
+            return self.tenures[number]
+        except KeyError:
+            raise DomainRuleBroken(f"identity has no tenure {number}") from None
+
+    # ----- commands ----------------------------------------------------------
+    def claim(
+        self,
+        *,
+        task_id: uuid.UUID,
+        owner_id: str,
+        actor: str,
+        plan: dict[str, Any],
+        plan_hash: str,
+        lease_expires_at: datetime,
+    ) -> Tenure:
+        if self.holder is not None:
+            raise DomainRuleBroken("identity is already held")
+        number = max(self.tenures, default=0) + 1
+        self.trigger_event(
+            self.Claimed,
+            tenure=number,
+            task_id=task_id,
+            owner_id=owner_id,
+            actor=actor,
+            plan=plan,
+            plan_hash=plan_hash,
+            lease_expires_at=lease_expires_at,
+        )
+        return self.tenures[number]
+
+    def record_step(
+        self, tenure: int, step: str, key: str, status: str, evidence: dict[str, Any]
+    ) -> None:
+        if self.tenure(tenure).phase not in (PREPARING, ABORTING):
+            raise DomainRuleBroken("steps are recorded only while preparing or aborting")
+        self.trigger_event(
+            self.StepRecorded, tenure=tenure, step=step, key=key, status=status, evidence=evidence
+        )
+
+    def begin_completing(self, tenure: int) -> None:
+        if self.tenure(tenure).phase != PREPARING:
+            raise DomainRuleBroken("only a preparing creation can begin completing")
+        self.trigger_event(self.Completing, tenure=tenure)
+
+    def complete(self, tenure: int) -> str:
+        current = self.tenure(tenure)
+        if current.phase != COMPLETING:
+            raise DomainRuleBroken("complete needs a completing creation")
+        outcome = OUTCOME_CREATED_IDENTITY_LOST if current.released else OUTCOME_CREATED
+        self.trigger_event(self.Completed, tenure=tenure, outcome=outcome)
+        return outcome
+
+    def release(
+        self, tenure: int, operation_id: str, reason: str, deletion_generation: int | None = None
+    ) -> None:
+        current = self.tenure(tenure)
+        if not current.holds:
+            raise DomainRuleBroken("tenure no longer holds the identity")
+        self.trigger_event(
+            self.Released,
+            tenure=tenure,
+            operation_id=operation_id,
+            reason=reason,
+            deletion_generation=deletion_generation,
+        )
+
+    # ----- events ------------------------------------------------------------
+    class Claimed(Aggregate.Event):
+        tenure: int
+        task_id: uuid.UUID
+        owner_id: str
+        actor: str
+        plan: dict[str, Any]
+        plan_hash: str
+        lease_expires_at: datetime
+
+        def apply(self, aggregate: Identity) -> None:
+            aggregate.tenures[self.tenure] = Tenure(
+                number=self.tenure,
+                task_id=self.task_id,
+                owner_id=self.owner_id,
+                actor=self.actor,
+                plan=self.plan,
+                plan_hash=self.plan_hash,
+                lease_expires_at=self.lease_expires_at,
+            )
+
+    class StepRecorded(Aggregate.Event):
+        tenure: int
+        step: str
+        key: str
+        status: str
+        evidence: dict[str, Any]
+
+        def apply(self, aggregate: Identity) -> None:
+            aggregate.tenures[self.tenure].steps[self.step] = {
+                "key": self.key,
+                "status": self.status,
+                "evidence": self.evidence,
+            }
+
+    class Completing(Aggregate.Event):
+        tenure: int
+
+        def apply(self, aggregate: Identity) -> None:
+            aggregate.tenures[self.tenure].phase = COMPLETING
+
+    class Completed(Aggregate.Event):
+        tenure: int
+        outcome: str
+
+        def apply(self, aggregate: Identity) -> None:
+            tenure = aggregate.tenures[self.tenure]
+            tenure.phase = COMPLETED
+            tenure.outcome = self.outcome
+
+    class Released(Aggregate.Event):
+        tenure: int
+        operation_id: str
+        reason: str
+        deletion_generation: int | None
+
+        def apply(self, aggregate: Identity) -> None:
+            tenure = aggregate.tenures[self.tenure]
+            tenure.released = True
+            tenure.release_operation_id = self.operation_id

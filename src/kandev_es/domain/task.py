@@ -1,0 +1,146 @@
+"""The Task aggregate: the work item a creation produces.
+
+``revision`` counts caller-visible changes (field edits, archive, identity
+release); it is what ETags and task.updated envelopes carry.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from eventsourcing.domain import Aggregate
+
+from kandev_es.domain.errors import DomainRuleBroken
+
+TASK_PREPARING = "preparing"
+TASK_ACTIVE = "active"
+
+EDITABLE_FIELDS = ("title", "description", "workflow_step")
+
+
+class Task(Aggregate):
+    class Created(Aggregate.Created):
+        workspace_id: uuid.UUID
+        identity_id: uuid.UUID
+        identifier: str
+        external_id: str | None
+        title: str
+        description: str
+        workflow: str
+        workflow_step: str
+        parent_id: uuid.UUID | None
+        repositories: list[str]
+        attachments: list[str]
+        start_agent: bool
+        agent_profile: str | None
+        created_by: str
+
+    def __init__(
+        self,
+        workspace_id: uuid.UUID,
+        identity_id: uuid.UUID,
+        identifier: str,
+        external_id: str | None,
+        title: str,
+        description: str,
+        workflow: str,
+        workflow_step: str,
+        parent_id: uuid.UUID | None,
+        repositories: list[str],
+        attachments: list[str],
+        start_agent: bool,
+        agent_profile: str | None,
+        created_by: str,
+    ) -> None:
+        self.workspace_id = workspace_id
+        self.identity_id = identity_id
+        self.identifier = identifier
+        self.external_id = external_id
+        self.title = title
+        self.description = description
+        self.workflow = workflow
+        self.workflow_step = workflow_step
+        self.parent_id = parent_id
+        self.repositories = list(repositories)
+        self.attachments = list(attachments)
+        self.start_agent = start_agent
+        self.agent_profile = agent_profile
+        self.created_by = created_by
+        self.phase = TASK_PREPARING
+        self.revision = 1
+        self.archived = False
+        self.deleted = False
+
+    @classmethod
+    def create(cls, task_id: uuid.UUID, **fields: Any) -> Task:
+        return cls._create(cls.Created, id=task_id, **fields)
+
+    # ----- commands ----------------------------------------------------------
+    def activate(self, drop_external_id: bool) -> None:
+        """The creation completed; the task becomes visible to feeds."""
+        if self.phase != TASK_PREPARING:
+            raise DomainRuleBroken("task creation already settled")
+        self.trigger_event(self.Activated, external_id_dropped=drop_external_id)
+
+    def update(self, changes: dict[str, Any]) -> None:
+        self._require_live()
+        unknown = set(changes) - set(EDITABLE_FIELDS)
+        if unknown:
+            raise DomainRuleBroken(f"fields not editable: {sorted(unknown)}")
+        effective = {k: v for k, v in changes.items() if getattr(self, k) != v}
+        if effective:
+            self.trigger_event(self.Updated, changes=effective)
+
+    def archive(self) -> None:
+        self._require_live()
+        if not self.archived:
+            self.trigger_event(self.Archived)
+
+    def clear_external_id(self, operation_id: str, reason: str) -> None:
+        self._require_live()
+        if self.external_id is not None:
+            self.trigger_event(self.ExternalIdCleared, operation_id=operation_id, reason=reason)
+
+    def delete(self) -> None:
+        self._require_live()
+        self.trigger_event(self.Deleted)
+
+    def _require_live(self) -> None:
+        if self.deleted:
+            raise DomainRuleBroken("task is deleted")
+
+    # ----- events ------------------------------------------------------------
+    class Activated(Aggregate.Event):
+        external_id_dropped: bool
+
+        def apply(self, aggregate: Task) -> None:
+            aggregate.phase = TASK_ACTIVE
+            if self.external_id_dropped:
+                aggregate.external_id = None
+
+    class Updated(Aggregate.Event):
+        changes: dict[str, Any]
+
+        def apply(self, aggregate: Task) -> None:
+            for name, value in self.changes.items():
+                setattr(aggregate, name, value)
+            aggregate.revision += 1
+
+    class Archived(Aggregate.Event):
+        def apply(self, aggregate: Task) -> None:
+            aggregate.archived = True
+            aggregate.revision += 1
+
+    class ExternalIdCleared(Aggregate.Event):
+        operation_id: str
+        reason: str
+
+        def apply(self, aggregate: Task) -> None:
+            aggregate.external_id = None
+            aggregate.revision += 1
+
+    class Deleted(Aggregate.Event):
+        def apply(self, aggregate: Task) -> None:
+            aggregate.deleted = True
+            aggregate.revision += 1

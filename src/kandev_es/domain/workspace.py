@@ -1,0 +1,70 @@
+"""The Workspace aggregate: task prefix, workflows and policy of one tenant."""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+from eventsourcing.domain import Aggregate
+
+from kandev_es.domain.errors import DomainRuleBroken
+
+WORKSPACE_NAMESPACE = uuid.UUID("0d4f3b7e-8a51-4b61-9a0e-5c1f7d2e9b33")
+DEFAULT_WORKFLOWS: dict[str, list[str]] = {
+    "default": ["backlog", "in_progress", "review", "done"],
+}
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+PREFIX_PATTERN = re.compile(r"^[A-Z][A-Z0-9]{0,9}$")
+
+
+def workspace_id_for(name: str) -> uuid.UUID:
+    """Names are unique: the id derives from the name, so the event store's
+    version check rejects a second workspace with the same name."""
+    return uuid.uuid5(WORKSPACE_NAMESPACE, name)
+
+
+class Workspace(Aggregate):
+    class Opened(Aggregate.Created):
+        name: str
+        task_prefix: str
+        workflows: dict[str, list[str]]
+
+    def __init__(self, name: str, task_prefix: str, workflows: dict[str, list[str]]) -> None:
+        self.name = name
+        self.task_prefix = task_prefix
+        self.workflows = {k: list(v) for k, v in workflows.items()}
+        self.repositories: dict[str, str] = {}
+        self.agent_profiles = ["default"]
+        self.deletion_generation = 0
+        self.deleted = False
+
+    @classmethod
+    def open(cls, name: str, task_prefix: str = "KAN") -> Workspace:
+        if not NAME_PATTERN.match(name):
+            raise DomainRuleBroken(
+                "workspace name must be 1-64 characters of letters, digits, '_', '.', '-'"
+            )
+        if not PREFIX_PATTERN.match(task_prefix):
+            raise DomainRuleBroken("task prefix must be 1-10 upper-case letters or digits")
+        return cls._create(
+            cls.Opened,
+            id=workspace_id_for(name),
+            name=name,
+            task_prefix=task_prefix,
+            workflows=DEFAULT_WORKFLOWS,
+        )
+
+    def first_step(self, workflow: str) -> str:
+        return self.workflows[workflow][0]
+
+    def register_repository(self, name: str, path: str) -> None:
+        if name in self.repositories:
+            raise DomainRuleBroken(f"repository {name!r} is already registered")
+        self.trigger_event(self.RepositoryRegistered, name=name, path=path)
+
+    class RepositoryRegistered(Aggregate.Event):
+        name: str
+        path: str
+
+        def apply(self, aggregate: Workspace) -> None:
+            aggregate.repositories[self.name] = self.path

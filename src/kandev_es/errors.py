@@ -1,0 +1,118 @@
+"""The one error hierarchy. Each failure is a class with an HTTP status and a
+machine-readable code; adapters map it once (api/errors.py, mcp)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class KandevError(Exception):
+    status: int = 500
+    code: str = "internal_error"
+
+    def __init__(self, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details
+
+    def to_dict(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"error": self.code, "message": self.message}
+        if self.details:
+            body["details"] = self.details
+        return body
+
+
+class BadRequest(KandevError):
+    status = 400
+    code = "bad_request"
+
+
+class MalformedJson(BadRequest):
+    code = "malformed_json"
+
+
+class InvalidExternalId(BadRequest):
+    code = "invalid_external_id"
+
+
+class ExternalIdImmutable(BadRequest):
+    code = "external_id_immutable"
+
+
+class ValidationFailed(KandevError):
+    """Request-specific validation (title, workflow, references) failed."""
+
+    status = 422
+    code = "validation_failed"
+
+
+class UnknownReference(ValidationFailed):
+    code = "unknown_reference"
+
+
+class NotFound(KandevError):
+    status = 404
+    code = "not_found"
+
+
+class TaskNotCreated(NotFound):
+    """Create denied before validation: unknown workspace or wrong token. The body
+    is fixed so a caller cannot learn whether any task exists."""
+
+    code = "task not created"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"error": "task not created"}
+
+
+class TaskNotFound(NotFound):
+    code = "task not found"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"error": "task not found"}
+
+
+class WorkspaceNotFound(NotFound):
+    code = "workspace not found"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"error": "workspace not found"}
+
+
+class Conflict(KandevError):
+    status = 409
+    code = "conflict"
+
+
+class WorkspaceExists(Conflict):
+    code = "workspace_exists"
+
+
+class TaskDeleted(Conflict):
+    code = "task_deleted"
+
+
+class RevisionMismatch(KandevError):
+    status = 412
+    code = "revision_mismatch"
+
+
+class PayloadTooLarge(KandevError):
+    status = 413
+    code = "payload_too_large"
+
+
+class Unavailable(KandevError):
+    status = 503
+    code = "unavailable"
+
+
+class SchemaNotAttested(Unavailable):
+    """External-ID traffic is refused until the live schema proves byte-exact
+    collation (AC-1)."""
+
+    code = "schema_not_attested"
+
+
+class StoreUnavailable(Unavailable):
+    code = "store_unavailable"

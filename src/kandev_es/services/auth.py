@@ -1,0 +1,54 @@
+"""Bearer tokens: issue (shown once, stored hashed) and authenticate."""
+
+from __future__ import annotations
+
+import hmac
+import secrets
+import uuid
+from dataclasses import dataclass
+
+from kandev_es.application import Tasks
+from kandev_es.domain.token import ApiToken, hash_token, token_id_for
+
+TOKEN_PREFIX = "kes_"
+
+
+@dataclass(frozen=True)
+class Principal:
+    token_id: uuid.UUID
+    admin: bool
+    workspace_id: uuid.UUID | None
+
+    @property
+    def actor(self) -> str:
+        return f"token:{self.token_id}"
+
+    def may_act_on(self, workspace_id: uuid.UUID) -> bool:
+        return self.admin or self.workspace_id == workspace_id
+
+
+class TokenService:
+    def __init__(self, app: Tasks) -> None:
+        self._app = app
+
+    def issue(
+        self, *, workspace_id: uuid.UUID | None, admin: bool, label: str = ""
+    ) -> tuple[str, Principal]:
+        if admin == (workspace_id is not None):
+            raise ValueError("a token is either admin or bound to exactly one workspace")
+        secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
+        token = ApiToken.issue(hash_token(secret), workspace_id, admin, label)
+        self._app.save_atomically(token)
+        return secret, Principal(token.id, admin, workspace_id)
+
+    def authenticate(self, secret: str | None) -> Principal | None:
+        if not secret or not secret.startswith(TOKEN_PREFIX) or len(secret) > 200:
+            return None
+        token_hash = hash_token(secret)
+        token = self._app.load(token_id_for(token_hash), ApiToken)
+        if token is None or token.revoked:
+            return None
+        # The id already derives from the hash; compare anyway, in constant time.
+        if not hmac.compare_digest(token.token_hash, token_hash):
+            return None
+        return Principal(token.id, token.admin, token.workspace_id)

@@ -1,0 +1,158 @@
+"""Task reads and edits after creation: get, list, patch, archive, delete."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from marshmallow import RAISE, Schema, ValidationError, fields, validate
+
+from kandev_es.application import Tasks, VersionConflict
+from kandev_es.domain.identity import Identity
+from kandev_es.domain.task import TASK_PREPARING, Task
+from kandev_es.domain.workspace import Workspace
+from kandev_es.errors import (
+    Conflict,
+    ExternalIdImmutable,
+    RevisionMismatch,
+    TaskNotFound,
+    ValidationFailed,
+)
+from kandev_es.services.auth import Principal
+from kandev_es.storage.database import Database
+from kandev_es.views import task_dto
+
+EDIT_ATTEMPTS = 8
+
+
+class CreationInProgress(Conflict):
+    """Callers never repair, edit or delete a task whose creation is unsettled."""
+
+    code = "creation_in_progress"
+
+
+class TaskPatchSchema(Schema):
+    class Meta:
+        unknown = RAISE
+
+    title = fields.String(validate=validate.Length(min=1, max=500))
+    description = fields.String(validate=validate.Length(max=100_000))
+    workflow_step = fields.String(validate=validate.Length(min=1, max=100))
+
+
+class TaskService:
+    def __init__(self, app: Tasks, database: Database) -> None:
+        self._app = app
+        self._database = database
+
+    def get(self, principal: Principal | None, task_id: uuid.UUID) -> Task:
+        task = self._app.load(task_id, Task)
+        if task is None or task.deleted or principal is None:
+            raise TaskNotFound("task not found")
+        if not principal.may_act_on(task.workspace_id):
+            raise TaskNotFound("task not found")
+        return task
+
+    def list(
+        self,
+        workspace_id: uuid.UUID,
+        *,
+        external_id: str | None = None,
+        after: int = 0,
+        limit: int = 50,
+        include_archived: bool = True,
+    ) -> tuple[list[dict[str, Any]], int | None]:
+        """From the tasks read model: may lag the event store by the projection delay."""
+        sql = "SELECT position, dto FROM tasks_view WHERE workspace_id = ? AND position > ?"
+        params: list[Any] = [_db_id(self._database, workspace_id), after]
+        if external_id is not None:
+            sql += " AND external_id = ?"
+            params.append(external_id)
+        if not include_archived:
+            sql += " AND archived = ?"
+            params.append(False)
+        sql += " ORDER BY position LIMIT ?"
+        params.append(limit + 1)
+        with self._database.transaction() as tx:
+            rows = tx.execute(sql, params)
+        items = [json.loads(dto) for _, dto in rows[:limit]]
+        next_cursor = int(rows[limit - 1][0]) if len(rows) > limit else None
+        return items, next_cursor
+
+    def patch(
+        self,
+        principal: Principal | None,
+        task_id: uuid.UUID,
+        body: Mapping[str, Any],
+        if_revision: int | None = None,
+    ) -> dict[str, Any]:
+        if "external_id" in body:
+            raise ExternalIdImmutable("external_id cannot be changed after creation")
+        try:
+            changes: dict[str, Any] = TaskPatchSchema().load(dict(body))
+        except ValidationError as error:
+            raise ValidationFailed("invalid task update", fields=error.messages) from None
+        for _ in range(EDIT_ATTEMPTS):
+            task = self._editable(principal, task_id, if_revision)
+            if "workflow_step" in changes:
+                workspace = self._app.load(task.workspace_id, Workspace)
+                steps = workspace.workflows.get(task.workflow, []) if workspace else []
+                if changes["workflow_step"] not in steps:
+                    raise ValidationFailed(
+                        "unknown workflow step", field="workflow_step"
+                    )
+            task.update(changes)
+            try:
+                self._app.save_atomically(task)
+            except VersionConflict:
+                continue
+            return task_dto(task)
+        raise Conflict("task is being edited concurrently; retry")
+
+    def archive(self, principal: Principal | None, task_id: uuid.UUID) -> dict[str, Any]:
+        for _ in range(EDIT_ATTEMPTS):
+            task = self._editable(principal, task_id, None)
+            task.archive()
+            try:
+                self._app.save_atomically(task)
+            except VersionConflict:
+                continue
+            return task_dto(task)
+        raise Conflict("task is being edited concurrently; retry")
+
+    def delete(self, principal: Principal | None, task_id: uuid.UUID) -> None:
+        """Deleting a task frees its identity in the same atomic save."""
+        for _ in range(EDIT_ATTEMPTS):
+            task = self._editable(principal, task_id, None)
+            identity = self._app.load(task.identity_id, Identity)
+            holder = identity.holder if identity else None
+            if identity is not None and holder is not None and holder.task_id == task.id:
+                identity.release(holder.number, f"task-delete:{task.id}", "task_deleted")
+            task.delete()
+            try:
+                if identity is not None:
+                    self._app.save_atomically(identity, task)
+                else:
+                    self._app.save_atomically(task)
+            except VersionConflict:
+                continue
+            return
+        raise Conflict("task is being edited concurrently; retry")
+
+    def _editable(
+        self, principal: Principal | None, task_id: uuid.UUID, if_revision: int | None
+    ) -> Task:
+        task = self.get(principal, task_id)
+        if task.phase == TASK_PREPARING:
+            raise CreationInProgress("task creation has not finished; it cannot be changed")
+        if if_revision is not None and task.revision != if_revision:
+            raise RevisionMismatch(
+                "task revision changed", expected=if_revision, actual=task.revision
+            )
+        return task
+
+
+def _db_id(database: Database, value: uuid.UUID) -> Any:
+    return value if database.backend == "postgres" else str(value)

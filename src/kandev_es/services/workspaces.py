@@ -1,0 +1,60 @@
+"""Workspaces: open, load, resolve for a principal."""
+
+from __future__ import annotations
+
+import uuid
+
+from kandev_es.application import Tasks, VersionConflict
+from kandev_es.domain.errors import DomainRuleBroken
+from kandev_es.domain.workspace import Workspace, workspace_id_for
+from kandev_es.errors import BadRequest, WorkspaceExists
+from kandev_es.storage.counters import ensure_counter
+from kandev_es.storage.database import Database
+
+
+class WorkspaceService:
+    def __init__(self, app: Tasks, database: Database) -> None:
+        self._app = app
+        self._database = database
+
+    def open(self, name: str, task_prefix: str = "KAN") -> Workspace:
+        try:
+            workspace = Workspace.open(name, task_prefix)
+        except DomainRuleBroken as error:
+            raise BadRequest(str(error)) from None
+        # The counter exists before the workspace does, so no create can miss it.
+        ensure_counter(self._database, workspace.id)
+        try:
+            self._app.save_atomically(workspace)
+        except VersionConflict:
+            raise WorkspaceExists(f"workspace {name!r} already exists") from None
+        return workspace
+
+    def get(self, workspace_id: uuid.UUID) -> Workspace | None:
+        workspace = self._app.load(workspace_id, Workspace)
+        if workspace is None or workspace.deleted:
+            return None
+        return workspace
+
+    def get_by_name(self, name: str) -> Workspace | None:
+        return self.get(workspace_id_for(name))
+
+    def ensure(self, name: str, task_prefix: str = "KAN") -> tuple[Workspace, bool]:
+        existing = self.get_by_name(name)
+        if existing is not None:
+            return existing, False
+        try:
+            return self.open(name, task_prefix), True
+        except WorkspaceExists:
+            again = self.get_by_name(name)
+            assert again is not None
+            return again, False
+
+
+def workspace_dto(workspace: Workspace) -> dict[str, object]:
+    return {
+        "id": str(workspace.id),
+        "name": workspace.name,
+        "task_prefix": workspace.task_prefix,
+        "workflows": workspace.workflows,
+    }

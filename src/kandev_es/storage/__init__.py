@@ -1,0 +1,1 @@
+"""Storage adapters: the event store wiring, read-model tables, counters."""

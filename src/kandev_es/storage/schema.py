@@ -1,0 +1,50 @@
+"""Our own tables beside the event store: read models, projection tracking and
+the office identifier counters. Created once by ``kandev-es db init``."""
+
+from __future__ import annotations
+
+from kandev_es.storage.database import Database
+
+SQLITE_DDL = (
+    "CREATE TABLE IF NOT EXISTS projection_tracking ("
+    " name TEXT PRIMARY KEY, position INTEGER NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS tasks_view ("
+    " task_id TEXT PRIMARY KEY, workspace_id TEXT NOT NULL, identifier TEXT NOT NULL,"
+    " external_id TEXT COLLATE BINARY, phase TEXT NOT NULL, archived INTEGER NOT NULL,"
+    " revision INTEGER NOT NULL, position INTEGER NOT NULL, dto TEXT NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS tasks_view_workspace ON tasks_view (workspace_id, position)",
+    "CREATE TABLE IF NOT EXISTS identities_view ("
+    " identity_id TEXT PRIMARY KEY, workspace_id TEXT NOT NULL,"
+    " external_id TEXT COLLATE BINARY NOT NULL, task_id TEXT, tenure INTEGER NOT NULL,"
+    " phase TEXT NOT NULL, held INTEGER NOT NULL)",
+    "CREATE UNIQUE INDEX IF NOT EXISTS identities_view_external_id"
+    " ON identities_view (workspace_id, external_id COLLATE BINARY)",
+    "CREATE TABLE IF NOT EXISTS office_counters ("
+    " workspace_id TEXT PRIMARY KEY, last_value INTEGER NOT NULL)",
+)
+
+POSTGRES_DDL = (
+    "CREATE TABLE IF NOT EXISTS projection_tracking ("
+    " name TEXT PRIMARY KEY, position BIGINT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS tasks_view ("
+    " task_id UUID PRIMARY KEY, workspace_id UUID NOT NULL, identifier TEXT NOT NULL,"
+    ' external_id TEXT COLLATE "C", phase TEXT NOT NULL, archived BOOLEAN NOT NULL,'
+    " revision INTEGER NOT NULL, position BIGINT NOT NULL, dto TEXT NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS tasks_view_workspace ON tasks_view (workspace_id, position)",
+    "CREATE TABLE IF NOT EXISTS identities_view ("
+    " identity_id UUID PRIMARY KEY, workspace_id UUID NOT NULL,"
+    ' external_id TEXT COLLATE "C" NOT NULL, task_id UUID, tenure INTEGER NOT NULL,'
+    " phase TEXT NOT NULL, held BOOLEAN NOT NULL)",
+    "CREATE UNIQUE INDEX IF NOT EXISTS identities_view_external_id"
+    ' ON identities_view (workspace_id, external_id COLLATE "C")',
+)
+
+IDENTITY_INDEX = "identities_view_external_id"
+EXTERNAL_ID_TABLES = ("identities_view", "tasks_view")
+
+
+def create_tables(database: Database) -> None:
+    ddl = POSTGRES_DDL if database.backend == "postgres" else SQLITE_DDL
+    with database.transaction() as tx:
+        for statement in ddl:
+            tx.execute(statement)
