@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from kandev_es.domain.identity import Identity
 from kandev_es.projections.base import db_id
+
+from kandev_es.domain.identity import Identity
 from kandev_es.storage.database import Transaction
 
 

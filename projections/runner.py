@@ -7,8 +7,9 @@ import logging
 import threading
 from collections.abc import Sequence
 
-from kandev_es.application import Tasks
 from kandev_es.projections.base import Projection
+
+from kandev_es.application import Tasks
 from kandev_es.storage.database import Database
 
 log = logging.getLogger("kandev_es.projections")
@@ -52,11 +53,20 @@ class ProjectionRunner:
 
     def _run_batch(self, projection: Projection) -> int:
         backend = self._database.backend
+        lock = " FOR UPDATE" if backend == "postgres" else ""
         with self._database.transaction() as tx:
-            rows = tx.execute(
-                "SELECT position FROM projection_tracking WHERE name = ?", (projection.name,)
+            # Runners in several processes serialise on the tracking row, so an
+            # event is never applied twice.
+            tx.execute(
+                "INSERT INTO projection_tracking (name, position) VALUES (?, 0)"
+                " ON CONFLICT (name) DO NOTHING",
+                (projection.name,),
             )
-            position = int(rows[0][0]) if rows else 0
+            rows = tx.execute(
+                "SELECT position FROM projection_tracking WHERE name = ?" + lock,
+                (projection.name,),
+            )
+            position = int(rows[0][0])
             notifications = self._app.recorder.select_notifications(
                 start=position, limit=self._batch_size, inclusive_of_start=False
             )
@@ -67,9 +77,8 @@ class ProjectionRunner:
                 projection.apply(tx, event, notification.id, backend)
             last = notifications[-1].id
             tx.execute(
-                "INSERT INTO projection_tracking (name, position) VALUES (?, ?)"
-                " ON CONFLICT (name) DO UPDATE SET position = excluded.position",
-                (projection.name, last),
+                "UPDATE projection_tracking SET position = ? WHERE name = ?",
+                (last, projection.name),
             )
         return len(notifications)
 

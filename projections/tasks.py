@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from kandev_es.domain.task import Task
 from kandev_es.projections.base import db_id
+
+from kandev_es.domain.task import Task
 from kandev_es.storage.database import Transaction
 from kandev_es.views import task_dto
 

@@ -7,6 +7,7 @@ import logging
 import os
 import socket
 import uuid
+from collections import Counter
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -45,9 +46,15 @@ class CreationService:
         self._attestation = attestation
         self._lease = timedelta(seconds=lease_seconds)
         self._owner_prefix = f"{socket.gethostname()}:{os.getpid()}"
+        self.outcome_counts: Counter[str] = Counter()
 
     # ----- the protocol ------------------------------------------------------
     def create(self, principal: Principal | None, body: Mapping[str, Any]) -> CreateResult:
+        result = self._create(principal, body)
+        self.outcome_counts[result.outcome.value] += 1
+        return result
+
+    def _create(self, principal: Principal | None, body: Mapping[str, Any]) -> CreateResult:
         workspace = self._authorize(principal, body.get("workspace_id"))  # step 1
         assert principal is not None
         external_id = normalize_external_id(body.get("external_id"))  # step 2

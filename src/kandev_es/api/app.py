@@ -1,0 +1,66 @@
+"""The app factory: extensions, blueprints and error handlers, each in a small
+named function. No application object is built at import time."""
+
+from __future__ import annotations
+
+from flask import Flask
+from flask_smorest import Api
+
+from kandev_es import __version__
+from kandev_es.api import errors, health, tasks, workspaces
+from kandev_es.api.context import EXTENSION_KEY
+from kandev_es.bootstrap import Services, bootstrap
+from kandev_es.config import Settings, load_settings
+
+
+def create_app(
+    settings: Settings | None = None,
+    services: Services | None = None,
+    *,
+    run_projections: bool = True,
+) -> Flask:
+    settings = settings or (services.settings if services else load_settings())
+    services = services or bootstrap(settings)
+    app = Flask("kandev_es")
+    _configure(app, settings)
+    app.extensions[EXTENSION_KEY] = services
+    api = _register_api(app)
+    _register_blueprints(api)
+    errors.register(app)
+    if run_projections:
+        services.projections.start_thread(settings.projection_poll_seconds)
+    return app
+
+
+def _configure(app: Flask, settings: Settings) -> None:
+    app.config.update(
+        API_TITLE="kandev-es",
+        API_VERSION=__version__,
+        OPENAPI_VERSION="3.0.3",
+        OPENAPI_URL_PREFIX="/api",
+        OPENAPI_JSON_PATH="openapi.json",
+        MAX_CONTENT_LENGTH=settings.max_body_bytes,
+        JSON_SORT_KEYS=False,
+        API_SPEC_OPTIONS={
+            "components": {
+                "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}
+            },
+            "security": [{"bearer": []}],
+            "info": {
+                "description": (
+                    "Idempotent task creation by external ID. A create carrying an "
+                    "external_id returns the one task that holds it."
+                )
+            },
+        },
+    )
+
+
+def _register_api(app: Flask) -> Api:
+    return Api(app)
+
+
+def _register_blueprints(api: Api) -> None:
+    api.register_blueprint(tasks.blp)
+    api.register_blueprint(workspaces.blp)
+    api.register_blueprint(health.blp)

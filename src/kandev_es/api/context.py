@@ -1,0 +1,47 @@
+"""Request helpers shared by blueprints: services, principal, raw JSON body."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any, cast
+
+from flask import current_app, request
+
+from kandev_es.bootstrap import Services
+from kandev_es.errors import BadRequest, MalformedJson
+from kandev_es.services.auth import Principal
+
+EXTENSION_KEY = "kandev_es"
+
+
+def services() -> Services:
+    return cast(Services, current_app.extensions[EXTENSION_KEY])
+
+
+def principal() -> Principal | None:
+    header = request.headers.get("Authorization", "")
+    scheme, _, secret = header.partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    return services().tokens.authenticate(secret.strip())
+
+
+def json_object() -> dict[str, Any]:
+    """Parse the body ourselves, without validating it: the protocol reads only
+    workspace_id and external_id before the lookup (AC-4)."""
+    raw = request.get_data(cache=True)
+    try:
+        body = json.loads(raw) if raw else None
+    except (ValueError, UnicodeDecodeError):
+        raise MalformedJson("request body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise MalformedJson("request body must be a JSON object")
+    return body
+
+
+def path_uuid(value: str, what: str = "id") -> uuid.UUID:
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        raise BadRequest(f"{what} must be a UUID") from None

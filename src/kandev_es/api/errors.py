@@ -1,0 +1,44 @@
+"""The one mapping from typed errors to HTTP responses."""
+
+from __future__ import annotations
+
+import logging
+
+from flask import Flask, jsonify
+from flask.typing import ResponseReturnValue
+from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
+
+from kandev_es.errors import KandevError, PayloadTooLarge
+
+log = logging.getLogger("kandev_es.api")
+
+
+def _kandev_error(error: KandevError) -> ResponseReturnValue:
+    response = jsonify(error.to_dict())
+    if error.status == 503:
+        response.headers["Retry-After"] = "1"
+    return response, error.status
+
+
+def _http_error(error: HTTPException) -> ResponseReturnValue:
+    if isinstance(error, RequestEntityTooLarge):
+        return _kandev_error(PayloadTooLarge("request body is too large"))
+    body: dict[str, object] = {
+        "error": (error.name or "error").lower().replace(" ", "_"),
+        "message": error.description or "",
+    }
+    data = getattr(error, "data", None)
+    if isinstance(data, dict) and "messages" in data:
+        body["details"] = data["messages"]
+    return jsonify(body), error.code or 500
+
+
+def _unexpected(error: Exception) -> ResponseReturnValue:
+    log.exception("unhandled error")
+    return jsonify({"error": "internal_error", "message": "internal server error"}), 500
+
+
+def register(app: Flask) -> None:
+    app.register_error_handler(KandevError, _kandev_error)
+    app.register_error_handler(HTTPException, _http_error)
+    app.register_error_handler(Exception, _unexpected)

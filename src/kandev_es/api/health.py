@@ -1,0 +1,64 @@
+"""Liveness, readiness (with schema attestation and projection lag), metrics."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import Response
+from flask.views import MethodView
+from flask_smorest import Blueprint
+
+from kandev_es.api.context import services
+
+blp = Blueprint("health", __name__, description="Health")
+
+
+@blp.route("/healthz")
+class Healthz(MethodView):
+    @blp.doc(security=[])
+    def get(self) -> dict[str, Any]:
+        return {"status": "ok"}
+
+
+@blp.route("/readyz")
+class Readyz(MethodView):
+    @blp.doc(security=[])
+    def get(self) -> Any:
+        svc = services()
+        attestation = svc.attestation.refresh()
+        report: dict[str, Any] = {
+            "backend": svc.database.backend,
+            "schema_attested": attestation.ok,
+            "external_id_traffic": "accepted" if attestation.ok else "refused",
+        }
+        if not attestation.ok:
+            report["schema_problems"] = attestation.problems
+        try:
+            report["projection_lag"] = svc.projections.lag()
+            store_ok = True
+        except Exception as error:  # any storage failure makes us unready
+            report["store_error"] = str(error)
+            store_ok = False
+        ready = attestation.ok and store_ok
+        report["status"] = "ready" if ready else "unready"
+        return report, 200 if ready else 503
+
+
+@blp.route("/metrics")
+class Metrics(MethodView):
+    @blp.doc(security=[])
+    def get(self) -> Response:
+        svc = services()
+        lines = [
+            "# HELP kandev_creates_total Creates answered, by outcome.",
+            "# TYPE kandev_creates_total counter",
+        ]
+        for outcome, count in sorted(svc.creation.outcome_counts.items()):
+            lines.append(f'kandev_creates_total{{outcome="{outcome}"}} {count}')
+        lines += [
+            "# HELP kandev_projection_lag_events Events not yet applied, per projection.",
+            "# TYPE kandev_projection_lag_events gauge",
+        ]
+        for name, lag in sorted(svc.projections.lag().items()):
+            lines.append(f'kandev_projection_lag_events{{projection="{name}"}} {lag}')
+        return Response("\n".join(lines) + "\n", mimetype="text/plain; version=0.0.4")

@@ -1,0 +1,99 @@
+"""Response schemas: the OpenAPI contract comes from these, so it cannot drift."""
+
+from __future__ import annotations
+
+from marshmallow import Schema, fields, validate
+
+from kandev_es.creation.outcomes import Outcome
+
+
+class ApiErrorSchema(Schema):
+    error = fields.String(required=True, metadata={"description": "machine-readable code"})
+    message = fields.String()
+    details = fields.Dict()
+
+
+class TaskSchema(Schema):
+    id = fields.UUID(required=True)
+    workspace_id = fields.UUID(required=True)
+    identifier = fields.String(required=True, metadata={"example": "KAN-42"})
+    external_id = fields.String(
+        metadata={"description": "present only while the task holds an external ID"}
+    )
+    title = fields.String(required=True)
+    description = fields.String(required=True)
+    workflow = fields.String(required=True)
+    workflow_step = fields.String(required=True)
+    parent_id = fields.UUID(allow_none=True, required=True)
+    repositories = fields.List(fields.String(), required=True)
+    attachments = fields.List(fields.String(), required=True)
+    start_agent = fields.Boolean(required=True)
+    agent_profile = fields.String(allow_none=True, required=True)
+    state = fields.String(required=True, validate=validate.OneOf(["preparing", "active"]))
+    archived = fields.Boolean(required=True)
+    revision = fields.Integer(required=True)
+    created_at = fields.String(required=True)
+    updated_at = fields.String(required=True)
+
+
+class CreateTaskResponseSchema(TaskSchema):
+    outcome = fields.String(required=True, validate=validate.OneOf([o.value for o in Outcome]))
+    deduplicated = fields.Boolean(required=True)
+    creation_complete = fields.Boolean(
+        required=True,
+        metadata={
+            "description": (
+                "true when the task finished its synchronous creation. "
+                "deduplicated=true with creation_complete=false means another create owns "
+                "the identity: proceed with this task, poll the lookup, or escalate; never "
+                "release and recreate."
+            )
+        },
+    )
+    advice = fields.String()
+
+
+class LookupResponseSchema(TaskSchema):
+    creation_complete = fields.Boolean(required=True)
+
+
+class TaskListSchema(Schema):
+    items = fields.List(fields.Nested(TaskSchema), required=True)
+    next_cursor = fields.Integer(allow_none=True, required=True)
+
+
+class TaskListQuerySchema(Schema):
+    external_id = fields.String()
+    after = fields.Integer(load_default=0, validate=validate.Range(min=0))
+    limit = fields.Integer(load_default=50, validate=validate.Range(min=1, max=500))
+    include_archived = fields.Boolean(load_default=True)
+
+
+class TaskPatchRequestSchema(Schema):
+    title = fields.String()
+    description = fields.String()
+    workflow_step = fields.String()
+
+
+class WorkspaceSchema(Schema):
+    id = fields.UUID(required=True)
+    name = fields.String(required=True)
+    task_prefix = fields.String(required=True)
+    workflows = fields.Dict(keys=fields.String(), values=fields.List(fields.String()))
+
+
+class WorkspaceCreateSchema(Schema):
+    name = fields.String(required=True)
+    task_prefix = fields.String(load_default="KAN")
+
+
+class TokenCreateSchema(Schema):
+    workspace_id = fields.UUID()
+    admin = fields.Boolean(load_default=False)
+    label = fields.String(load_default="")
+
+
+class TokenSchema(Schema):
+    token = fields.String(required=True, metadata={"description": "shown once; stored hashed"})
+    admin = fields.Boolean(required=True)
+    workspace_id = fields.UUID(allow_none=True)

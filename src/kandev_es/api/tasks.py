@@ -1,0 +1,146 @@
+"""Task routes: create (the protocol), lookup, get, list, patch, archive, delete."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import request
+from flask.views import MethodView
+from flask_smorest import Blueprint
+
+from kandev_es.api import schemas
+from kandev_es.api.context import json_object, path_uuid, principal, services
+from kandev_es.creation.request import CreateTaskRequestSchema
+from kandev_es.domain.external_id import normalize_external_id
+from kandev_es.errors import InvalidExternalId, TaskNotFound
+from kandev_es.views import task_dto
+
+blp = Blueprint("tasks", __name__, url_prefix="/api/v1", description="Tasks")
+
+ERRORS = {400: "bad request", 404: "not found", 413: "too large", 422: "invalid", 503: "down"}
+
+
+def _document_errors(*codes: int) -> Any:
+    def decorate(view: Any) -> Any:
+        for code in codes:
+            view = blp.alt_response(code, schema=schemas.ApiErrorSchema, description=ERRORS[code])(
+                view
+            )
+        return view
+
+    return decorate
+
+
+@blp.route("/tasks")
+class TaskCreate(MethodView):
+    @blp.doc(
+        summary="Create a task, idempotent by external_id",
+        requestBody={
+            "required": True,
+            "content": {"application/json": {"schema": CreateTaskRequestSchema}},
+        },
+    )
+    @blp.response(200, schemas.CreateTaskResponseSchema)
+    @_document_errors(400, 404, 413, 422, 503)
+    def post(self) -> dict[str, Any]:
+        body = json_object()
+        result = services().creation.create(principal(), body)
+        return result.to_response()
+
+
+@blp.route("/workspaces/<workspace_id>/tasks/by-external-id")
+class TaskLookup(MethodView):
+    @blp.doc(
+        summary="What holds this external ID? No side effects, ever.",
+        parameters=[
+            {"name": "external_id", "in": "query", "required": True, "schema": {"type": "string"}}
+        ],
+    )
+    @blp.response(200, schemas.LookupResponseSchema)
+    @_document_errors(400, 404, 503)
+    def get(self, workspace_id: str) -> dict[str, Any]:
+        workspace = path_uuid(workspace_id, "workspace id")
+        who = principal()
+        if who is None or not who.may_act_on(workspace):
+            raise TaskNotFound("task not found")
+        external_id = normalize_external_id(request.args.get("external_id"))
+        if external_id is None:
+            raise InvalidExternalId("external_id query parameter is required", reason="missing")
+        found = services().creation.lookup(workspace, external_id)
+        if found is None:
+            raise TaskNotFound("task not found")
+        body = dict(found.task)
+        body["creation_complete"] = found.outcome.creation_complete
+        return body
+
+
+@blp.route("/workspaces/<workspace_id>/tasks")
+class TaskList(MethodView):
+    @blp.arguments(schemas.TaskListQuerySchema, location="query")
+    @blp.response(200, schemas.TaskListSchema)
+    @_document_errors(400, 404)
+    def get(self, query: dict[str, Any], workspace_id: str) -> dict[str, Any]:
+        workspace = path_uuid(workspace_id, "workspace id")
+        who = principal()
+        if who is None or not who.may_act_on(workspace):
+            raise TaskNotFound("task not found")
+        external_id = None
+        if "external_id" in query:
+            external_id = normalize_external_id(query["external_id"])
+        items, next_cursor = services().tasks.list(
+            workspace,
+            external_id=external_id,
+            after=query["after"],
+            limit=query["limit"],
+            include_archived=query["include_archived"],
+        )
+        return {"items": items, "next_cursor": next_cursor}
+
+
+@blp.route("/tasks/<task_id>")
+class TaskItem(MethodView):
+    @blp.response(200, schemas.TaskSchema)
+    @_document_errors(400, 404)
+    def get(self, task_id: str) -> Any:
+        task = services().tasks.get(principal(), path_uuid(task_id, "task id"))
+        return task_dto(task), 200, {"ETag": f'"{task.revision}"'}
+
+    @blp.doc(
+        requestBody={
+            "required": True,
+            "content": {"application/json": {"schema": schemas.TaskPatchRequestSchema}},
+        }
+    )
+    @blp.response(200, schemas.TaskSchema)
+    @_document_errors(400, 404, 422)
+    def patch(self, task_id: str) -> Any:
+        body = json_object()
+        dto = services().tasks.patch(
+            principal(), path_uuid(task_id, "task id"), body, _if_match_revision()
+        )
+        return dto, 200, {"ETag": f'"{dto["revision"]}"'}
+
+    @blp.response(204)
+    @_document_errors(400, 404)
+    def delete(self, task_id: str) -> None:
+        services().tasks.delete(principal(), path_uuid(task_id, "task id"))
+
+
+@blp.route("/tasks/<task_id>/archive")
+class TaskArchive(MethodView):
+    @blp.response(200, schemas.TaskSchema)
+    @_document_errors(400, 404)
+    def post(self, task_id: str) -> dict[str, Any]:
+        return services().tasks.archive(principal(), path_uuid(task_id, "task id"))
+
+
+def _if_match_revision() -> int | None:
+    header = request.headers.get("If-Match")
+    if not header:
+        return None
+    try:
+        return int(header.strip().strip('"'))
+    except ValueError:
+        from kandev_es.errors import BadRequest
+
+        raise BadRequest("If-Match must be a task revision") from None

@@ -1,0 +1,141 @@
+"""The `kandev-es` command: serve, db init, workspaces, tokens, projections."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import uuid
+from typing import Any
+
+import click
+
+from kandev_es.bootstrap import Services, bootstrap, init_storage
+from kandev_es.config import Settings, load_settings
+from kandev_es.errors import KandevError
+
+
+def _settings(**overrides: Any) -> Settings:
+    return load_settings().with_overrides(**overrides) if overrides else load_settings()
+
+
+def _open(create_tables: bool = True) -> Services:
+    return bootstrap(_settings(create_tables=create_tables))
+
+
+def _emit(data: dict[str, Any]) -> None:
+    click.echo(json.dumps(data, default=str))
+
+
+@click.group()
+@click.option("--log-level", default=None, help="DEBUG, INFO, WARNING (default from env)")
+def main(log_level: str | None) -> None:
+    """kandev-es: idempotent task creation by external ID."""
+    level = log_level or load_settings().log_level
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+        stream=sys.stderr,
+    )
+
+
+@main.group()
+def db() -> None:
+    """Database administration."""
+
+
+@db.command("init")
+def db_init() -> None:
+    """Create the event store and read-model tables (once, before workers start)."""
+    settings = _settings()
+    init_storage(settings)
+    click.echo(f"initialised {settings.backend} storage", err=True)
+
+
+@main.group()
+def workspace() -> None:
+    """Workspaces."""
+
+
+@workspace.command("create")
+@click.argument("name")
+@click.option("--prefix", "task_prefix", default="KAN", show_default=True)
+def workspace_create(name: str, task_prefix: str) -> None:
+    """Create a workspace and print it as JSON."""
+    services = _open()
+    try:
+        created = services.workspaces.open(name, task_prefix)
+        _emit({"id": created.id, "name": created.name, "task_prefix": created.task_prefix})
+    except KandevError as error:
+        raise click.ClickException(error.message) from None
+    finally:
+        services.close()
+
+
+@main.group()
+def token() -> None:
+    """API tokens (printed once, stored hashed)."""
+
+
+@token.command("create")
+@click.option("--workspace", "workspace_id", default=None, help="workspace id the token acts on")
+@click.option("--admin", is_flag=True, help="an admin token acting on every workspace")
+@click.option("--label", default="", help="free text to recognise the token by")
+def token_create(workspace_id: str | None, admin: bool, label: str) -> None:
+    """Issue a token and print it once as JSON."""
+    if admin == (workspace_id is not None):
+        raise click.UsageError("give exactly one of --workspace ID or --admin")
+    services = _open()
+    try:
+        target = None
+        if workspace_id is not None:
+            try:
+                target = uuid.UUID(workspace_id)
+            except ValueError:
+                raise click.BadParameter("not a UUID", param_hint="--workspace") from None
+            if services.workspaces.get(target) is None:
+                raise click.ClickException(f"no workspace {workspace_id}")
+        secret, _ = services.tokens.issue(workspace_id=target, admin=admin, label=label)
+        _emit({"token": secret})
+    finally:
+        services.close()
+
+
+@main.group()
+def projections() -> None:
+    """Read-model projections."""
+
+
+@projections.command("run")
+@click.option("--once", is_flag=True, help="catch up and exit")
+def projections_run(once: bool) -> None:
+    """Run the projection loop (a separate process beside the web workers)."""
+    services = _open(create_tables=False)
+    try:
+        if once:
+            services.projections.catch_up()
+        else:
+            services.projections.run_forever(services.settings.projection_poll_seconds)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        services.close()
+
+
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8000, show_default=True, type=int)
+@click.option("--workers", default=None, type=int, help="web worker processes")
+@click.option("--threads", default=8, show_default=True, type=int)
+def serve(host: str, port: int, workers: int | None, threads: int) -> None:
+    """Run the API (embedded SQLite by default; PostgreSQL with KANDEV_DATABASE_URL)."""
+    from kandev_es.server import first_start, run_server
+
+    settings = _settings()
+    init_storage(settings)  # in the parent, before any worker starts
+    first_start(settings, host, port)
+    run_server(settings.with_overrides(create_tables=False), host, port, workers, threads)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,73 @@
+"""Running the API: first-start setup, and gunicorn as the process manager."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from kandev_es.bootstrap import bootstrap
+from kandev_es.config import Settings
+
+
+def first_start(settings: Settings, host: str, port: int) -> None:
+    """Create the `default` workspace once and show an admin token for it."""
+    services = bootstrap(settings.with_overrides(create_tables=False))
+    try:
+        workspace, created = services.workspaces.ensure("default")
+        if not created:
+            click.echo(
+                f"kandev-es: workspace default = {workspace.id}; "
+                "make tokens with `kandev-es token create`",
+                err=True,
+            )
+            return
+        secret, _ = services.tokens.issue(workspace_id=None, admin=True, label="first start")
+    finally:
+        services.close()
+    base = f"http://{host}:{port}"
+    click.echo(
+        "\n".join(
+            [
+                f"kandev-es: created workspace default = {workspace.id}",
+                f"kandev-es: admin token (shown once): {secret}",
+                "kandev-es: try it:",
+                f"  curl -s -X POST {base}/api/v1/tasks -H 'Authorization: Bearer {secret}'"
+                " -H 'Content-Type: application/json'"
+                f""" -d '{{"workspace_id": "{workspace.id}", "external_id": "JIRA-1","""
+                """ "title": "First task"}'""",
+            ]
+        ),
+        err=True,
+    )
+
+
+def run_server(
+    settings: Settings, host: str, port: int, workers: int | None, threads: int
+) -> None:
+    from gunicorn.app.base import BaseApplication
+
+    # SQLite has one writer: one worker process with threads. PostgreSQL scales out.
+    worker_count = workers or (2 if settings.backend == "postgres" else 1)
+
+    class _Gunicorn(BaseApplication):  # type: ignore[misc]
+        def load_config(self) -> None:
+            options = {
+                "bind": f"{host}:{port}",
+                "workers": worker_count,
+                "threads": threads,
+                "worker_class": "gthread",
+                "accesslog": "-",
+                "timeout": 60,
+                "graceful_timeout": 10,
+                "control_socket_disable": True,
+            }
+            for key, value in options.items():
+                self.cfg.set(key, value)
+
+        def load(self) -> Any:
+            from kandev_es.api import create_app
+
+            return create_app(settings)
+
+    _Gunicorn().run()
