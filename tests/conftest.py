@@ -1,0 +1,108 @@
+"""Test wiring: one parametrised backend fixture (SQLite and PostgreSQL).
+
+PostgreSQL is real: the controlling pytest process starts one throwaway cluster
+with scripts/start-postgres (unless KANDEV_TEST_DATABASE_URL names one, as
+.ci/run does), and every test gets its own schema in it. xdist workers inherit
+the URL through the environment.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kandev_es.bootstrap import Services, bootstrap
+from kandev_es.config import Settings
+
+PG_ENV = "KANDEV_TEST_DATABASE_URL"
+_started_cluster: Any = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _started_cluster
+    if hasattr(config, "workerinput") or os.environ.get(PG_ENV):
+        return
+    from tests.support.postgres import start_cluster
+
+    directory = Path(tempfile.mkdtemp(prefix="kandev-es-pg-"))
+    _started_cluster = start_cluster(directory / "pg")
+    os.environ[PG_ENV] = _started_cluster.url
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _started_cluster is not None and not hasattr(config, "workerinput"):
+        _started_cluster.stop()
+
+
+def postgres_admin_url() -> str:
+    return os.environ[PG_ENV]
+
+
+def _drop_schema(schema: str) -> None:
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(postgres_admin_url(), autocommit=True) as connection:
+        connection.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def backend(request: pytest.FixtureRequest) -> str:
+    marker = request.node.get_closest_marker("postgres_only")
+    if marker is not None and request.param != "postgres":
+        pytest.skip("PostgreSQL-only behaviour")
+    return str(request.param)
+
+
+@pytest.fixture
+def settings(backend: str, tmp_path: Path) -> Iterator[Settings]:
+    if backend == "sqlite":
+        yield Settings(data_dir=tmp_path / "data")
+        return
+    schema = f"t_{uuid.uuid4().hex[:16]}"
+    separator = "&" if "?" in postgres_admin_url() else "?"
+    url = f"{postgres_admin_url()}{separator}schema={schema}"
+    yield Settings(data_dir=tmp_path / "data", database_url=url)
+    _drop_schema(schema)
+
+
+@pytest.fixture
+def services(settings: Settings) -> Iterator[Services]:
+    svc = bootstrap(settings)
+    yield svc
+    svc.close()
+
+
+@pytest.fixture
+def workspace(services: Services) -> Any:
+    return services.workspaces.open("acme")
+
+
+@pytest.fixture
+def member(services: Services, workspace: Any) -> Any:
+    """A workspace-scoped principal and its bearer secret."""
+    secret, principal = services.tokens.issue(workspace_id=workspace.id, admin=False)
+    return principal, secret
+
+
+@pytest.fixture
+def admin(services: Services) -> Any:
+    secret, principal = services.tokens.issue(workspace_id=None, admin=True)
+    return principal, secret
+
+
+@pytest.fixture
+def client(services: Services) -> Any:
+    from kandev_es.api import create_app
+
+    return create_app(services=services, run_projections=False).test_client()
+
+
+def bearer(secret: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {secret}"}

@@ -1,0 +1,59 @@
+"""Small helpers shared by integration tests."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from kandev_es.bootstrap import Services
+from kandev_es.domain.external_id import identity_id
+from kandev_es.domain.identity import Identity
+from kandev_es.domain.task import Task
+
+from tests.conftest import bearer
+
+
+def create(client: Any, secret: str, **body: Any) -> Any:
+    return client.post("/api/v1/tasks", json=body, headers=bearer(secret))
+
+
+def task_created_count(services: Services) -> int:
+    """How many Task.Created events the store holds (the ground truth)."""
+    count = 0
+    for notification in services.app.recorder.select_notifications(start=1, limit=1_000_000):
+        if notification.topic.endswith("Task.Created"):
+            count += 1
+    return count
+
+
+def start_unsettled_creation(services: Services, workspace: Any, external_id: str) -> Task:
+    """Write a real preparing tenure — a creation that claimed and has not yet
+    completed — the state another create sees while one is in flight."""
+    identity = Identity.register(identity_id(workspace.id, external_id), workspace.id, external_id)
+    task = Task.create(
+        __import__("uuid").uuid4(),
+        workspace_id=workspace.id,
+        identity_id=identity.id,
+        identifier=f"{workspace.task_prefix}-999",
+        external_id=external_id,
+        title="in flight",
+        description="",
+        workflow="default",
+        workflow_step="backlog",
+        parent_id=None,
+        repositories=[],
+        attachments=[],
+        start_agent=False,
+        agent_profile=None,
+        created_by="token:other",
+    )
+    identity.claim(
+        task_id=task.id,
+        owner_id="another-process",
+        actor="token:other",
+        plan={},
+        plan_hash="0" * 64,
+        lease_expires_at=datetime.now(UTC) + timedelta(minutes=5),
+    )
+    services.app.save_atomically(identity, task)
+    return task
