@@ -1,0 +1,90 @@
+"""AC-TASKS-EXTERNAL-ID-001.1 under contention: 32 concurrent creates of one
+new external ID give exactly one task and one Created; every other answer is
+Found with the same task id. Separate OS processes on PostgreSQL, threads on
+SQLite (its one-writer file is the embedded default, served by one process)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+from typing import Any
+
+import pytest
+
+from tests.integration.concurrency_worker import create_once
+from tests.integration.helpers import task_created_count
+
+CONTENDERS = 32
+# Registered, Claimed, Completing, Completed + Task.Created, Task.Activated
+EVENTS_OF_ONE_CREATION = 6
+
+
+def _events_after(services: Any, position: int) -> int:
+    """Events recorded after ``position`` (PostgreSQL ids may skip a number when
+    a loser's insert is rolled back, so count rather than subtract)."""
+    return len(services.app.recorder.select_notifications(start=position + 1, limit=10_000))
+
+
+def _assert_exactly_one_winner(results: list[tuple[str, str, str]], services: Any) -> None:
+    errors = [r for r in results if r[0] == "error"]
+    assert not errors, errors
+    assert len(results) == CONTENDERS
+    outcomes = [r[0] for r in results]
+    assert outcomes.count("created") == 1
+    assert set(outcomes) <= {"created", "found_settled", "found_unsettled"}
+    assert len({r[1] for r in results}) == 1, "every answer names the same task"
+    assert len({r[2] for r in results}) == 1
+    assert task_created_count(services) == 1
+
+
+@pytest.mark.postgres_only
+def test_32_processes_creating_one_external_id_make_one_task(settings, services, member):
+    _, secret = member
+    before = services.app.max_notification_id()
+    context = multiprocessing.get_context("spawn")
+    barrier = context.Barrier(CONTENDERS)
+    out = context.Queue()
+    body = {"external_id": "STORM-1", "title": "storm"}
+    processes = [
+        context.Process(target=create_once, args=(settings, secret, body, barrier, out))
+        for _ in range(CONTENDERS)
+    ]
+    for process in processes:
+        process.start()
+    try:
+        results = [out.get(timeout=180) for _ in processes]
+    finally:
+        for process in processes:
+            process.join(timeout=30)
+            if process.is_alive():
+                process.kill()
+    _assert_exactly_one_winner(results, services)
+    # Losers may have burnt an office number (the one permitted leak) — nothing else.
+    assert _events_after(services, before) == EVENTS_OF_ONE_CREATION
+
+
+def test_32_threads_creating_one_external_id_make_one_task(services, member):
+    _, secret = member
+    principal = services.tokens.authenticate(secret)
+    before = services.app.max_notification_id()
+    barrier = threading.Barrier(CONTENDERS)
+    results: list[tuple[str, str, str]] = []
+    lock = threading.Lock()
+
+    def contender() -> None:
+        barrier.wait(timeout=60)
+        try:
+            result = services.creation.create(principal, {"external_id": "STORM-2", "title": "s"})
+            entry = (result.outcome.value, result.task["id"], result.task["identifier"])
+        except Exception as error:
+            entry = ("error", repr(error), "")
+        with lock:
+            results.append(entry)
+
+    threads = [threading.Thread(target=contender) for _ in range(CONTENDERS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    _assert_exactly_one_winner(results, services)
+    assert _events_after(services, before) == EVENTS_OF_ONE_CREATION
