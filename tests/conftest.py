@@ -49,7 +49,8 @@ def _drop_schema(schema: str) -> None:
     from psycopg import sql
 
     with psycopg.connect(postgres_admin_url(), autocommit=True) as connection:
-        connection.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+        statement = sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema))
+        connection.execute(statement)
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

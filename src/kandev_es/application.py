@@ -54,7 +54,7 @@ class Tasks(Application):  # type: ignore[type-arg]
 
     def load(self, aggregate_id: uuid.UUID, kind: type[A]) -> A | None:
         try:
-            aggregate = self.repository.get(aggregate_id)
+            aggregate: Aggregate = self.repository.get(aggregate_id)
         except AggregateNotFoundError:
             return None
         except OperationalError as error:

@@ -8,7 +8,9 @@ from kandev_es.bootstrap import bootstrap
 from kandev_es.config import Settings
 
 
-def create_once(settings: Settings, secret: str, body: dict[str, Any], barrier: Any, out: Any) -> None:
+def create_once(
+    settings: Settings, secret: str, body: dict[str, Any], barrier: Any, out: Any
+) -> None:
     services = bootstrap(settings.with_overrides(create_tables=False))
     try:
         principal = services.tokens.authenticate(secret)

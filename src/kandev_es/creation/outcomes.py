@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 
-class Outcome(str, Enum):
+class Outcome(StrEnum):
     CREATED = "created"
     FOUND_SETTLED = "found_settled"
     FOUND_UNSETTLED = "found_unsettled"

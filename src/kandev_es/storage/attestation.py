@@ -71,7 +71,9 @@ def _attest_postgres(database: Database, expected: str, result: Attestation) -> 
 def _attest_sqlite(database: Database, expected: str, result: Attestation) -> None:
     with database.transaction() as tx:
         for table in EXTERNAL_ID_TABLES:
-            rows = tx.execute("SELECT sql FROM sqlite_master WHERE type='table' AND name=?", (table,))
+            rows = tx.execute(
+                "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)
+            )
             match = _SQLITE_COLUMN.search(rows[0][0]) if rows else None
             if match is None:
                 result.problems.append(f"{table}.external_id is missing")
@@ -85,7 +87,8 @@ def _attest_sqlite(database: Database, expected: str, result: Attestation) -> No
             row[1]: bool(row[2]) for row in tx.execute("PRAGMA index_list(identities_view)")
         }
         columns = tx.execute(f"PRAGMA index_xinfo({IDENTITY_INDEX})")
-        rows = [(row[4], unique.get(IDENTITY_INDEX, False)) for row in columns if row[2] == "external_id"]
+        is_unique = unique.get(IDENTITY_INDEX, False)
+        rows = [(row[4], is_unique) for row in columns if row[2] == "external_id"]
         _check_index(rows, expected, result)
 
 
