@@ -89,7 +89,7 @@ def bootstrap(settings: Settings) -> Services:
         app=app,
         database=database,
         attestation=attestation,
-        creation=CreationService(app, database, attestation),
+        creation=CreationService(app, database, attestation, settings),
         tasks=TaskService(app, database),
         workspaces=WorkspaceService(app, database),
         tokens=TokenService(app),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -20,6 +21,12 @@ class Settings:
     max_body_bytes: int = 1_048_576
     projection_poll_seconds: float = 0.2
     log_level: str = "INFO"
+    lease_seconds: float = 30.0
+    # Shell-style command line of the agent launched for start_agent tasks.
+    agent_command: str = f"{sys.executable} -m kandev_es.agent.demo"
+    public_url: str = "http://127.0.0.1:8000"
+    # "<step>:<before|after>": SIGKILL this process once at that boundary (crash tests).
+    failpoint: str | None = None
 
     @property
     def backend(self) -> str:
@@ -49,4 +56,14 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         max_body_bytes=int(env.get("KANDEV_MAX_BODY_BYTES") or 1_048_576),
         projection_poll_seconds=float(env.get("KANDEV_PROJECTION_POLL_SECONDS") or 0.2),
         log_level=env.get("KANDEV_LOG_LEVEL") or "INFO",
+        lease_seconds=float(env.get("KANDEV_LEASE_SECONDS") or 30.0),
+        agent_command=env.get("KANDEV_AGENT_COMMAND") or Settings.agent_command,
+        public_url=env.get("KANDEV_PUBLIC_URL") or Settings.public_url,
+        failpoint=env.get("KANDEV_FAILPOINT") or None,
     )
+
+
+def data_path(settings: Settings, *parts: str) -> Path:
+    """A path under the data dir (worktrees, blobs, agent logs), made absolute so
+    subprocesses with another cwd agree on it."""
+    return settings.data_dir.resolve().joinpath(*parts)

@@ -9,7 +9,6 @@ from kandev_es.bootstrap import Services
 from kandev_es.domain.external_id import identity_id
 from kandev_es.domain.identity import Identity
 from kandev_es.domain.task import Task
-
 from tests.conftest import bearer
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from kandev_es.api import create_app
 from kandev_es.bootstrap import bootstrap
-
 from tests.conftest import bearer
 
 BREAK = {

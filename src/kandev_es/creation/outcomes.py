@@ -33,12 +33,16 @@ UNSETTLED_ADVICE = (
 class CreateResult:
     outcome: Outcome
     task: dict[str, Any]
+    # The private creation handle: only a request that Created gets one (AC-5).
+    handle: str | None = None
 
     def to_response(self) -> dict[str, Any]:
         body = dict(self.task)
         body["outcome"] = self.outcome.value
         body["deduplicated"] = self.outcome.deduplicated
         body["creation_complete"] = self.outcome.creation_complete
+        if self.handle is not None:
+            body["creation_handle"] = self.handle
         if self.outcome is Outcome.FOUND_UNSETTLED:
             body["advice"] = UNSETTLED_ADVICE
         return body

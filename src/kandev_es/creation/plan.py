@@ -24,6 +24,9 @@ class CreationPlan:
     start_agent: bool = False
     agent_profile: str | None = None
     parent_id: uuid.UUID | None = None
+    # Resolved at validation, so the Runtime needs nothing but this manifest.
+    repository_paths: dict[str, str] = field(default_factory=dict)
+    wip_limit: int | None = None
     # Names of the effect steps the creation must prove before Completing.
     steps: list[str] = field(default_factory=list)
 

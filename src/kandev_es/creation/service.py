@@ -3,6 +3,7 @@ runtime, agentctl — calls ``CreationService.create``; there is no other path."
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import socket
@@ -13,13 +14,19 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from kandev_es.application import Tasks, VersionConflict
+from kandev_es.config import Settings
+from kandev_es.creation.driver import CreationDriver, CreationHandedOver, Fenced
+from kandev_es.creation.handles import Handle, handle_hash, new_secret
 from kandev_es.creation.outcomes import CreateResult, Outcome
 from kandev_es.creation.plan import CreationPlan
 from kandev_es.creation.request import load_create_request
+from kandev_es.creation.steps.registry import plan_step_names
+from kandev_es.creation.steps.wip import CapacityExceeded
 from kandev_es.creation.validation import validate_against_workspace
 from kandev_es.domain.external_id import identity_id, normalize_external_id
-from kandev_es.domain.identity import OUTCOME_CREATED_IDENTITY_LOST, Identity, Tenure
+from kandev_es.domain.identity import ABORTED, OUTCOME_CREATED_IDENTITY_LOST, Identity, Tenure
 from kandev_es.domain.task import Task
+from kandev_es.domain.wip import WipLedger, wip_ledger_id
 from kandev_es.domain.workspace import Workspace
 from kandev_es.errors import Conflict, TaskNotCreated, Unavailable
 from kandev_es.services.auth import Principal
@@ -39,12 +46,13 @@ class CreationService:
         app: Tasks,
         database: Database,
         attestation: AttestationGuard,
-        lease_seconds: float = 30.0,
+        settings: Settings,
     ) -> None:
         self._app = app
         self._database = database
         self._attestation = attestation
-        self._lease = timedelta(seconds=lease_seconds)
+        self._lease = timedelta(seconds=settings.lease_seconds)
+        self._driver = CreationDriver(app, settings)
         self._owner_prefix = f"{socket.gethostname()}:{os.getpid()}"
         self.outcome_counts: Counter[str] = Counter()
 
@@ -72,14 +80,16 @@ class CreationService:
             identifier=f"{workspace.task_prefix}-{number}",
             **fields,
         )
+        plan = dataclasses.replace(plan, steps=plan_step_names(plan.to_manifest()))
         found = self._admit(workspace, external_id)  # step 6
         if found is not None:
             return found
-        claimed = self._claim(principal, plan)  # step 7
+        secret = new_secret()
+        claimed = self._claim(principal, plan, secret)  # step 7
         if isinstance(claimed, CreateResult):
             return claimed
-        identity, tenure, task = claimed
-        return self._complete(identity, tenure, task)  # steps 8-9
+        identity, tenure, _ = claimed
+        return self._finish(identity.id, tenure.number, secret)  # steps 8-9
 
     def lookup(self, workspace_id: uuid.UUID, external_id: str) -> CreateResult | None:
         """Side-effect-free: what holds this identity right now, if anything."""
@@ -125,16 +135,27 @@ class CreationService:
         """Admission: the workspace must still accept creates. On refusal the
         identity is re-read first, so a holder still answers Found."""
         current = self._app.load(workspace.id, Workspace)
-        if current is not None and not current.deleted:
+        refusal: Exception | None = None
+        if current is None or current.deleted:
+            refusal = TaskNotCreated("workspace no longer accepts creates")
+        elif current.wip_limit is not None:
+            ledger = self._app.load(wip_ledger_id(workspace.id), WipLedger)
+            in_use = len(ledger.reserved) if ledger else 0
+            if in_use >= current.wip_limit:
+                refusal = CapacityExceeded(
+                    f"workspace WIP limit {current.wip_limit} reached",
+                    wip_limit=current.wip_limit,
+                )
+        if refusal is None:
             return None
         if external_id is not None:
             found = self._lookup(workspace.id, external_id)
             if found is not None:
                 return found
-        raise TaskNotCreated("workspace no longer accepts creates")
+        raise refusal
 
     def _claim(
-        self, principal: Principal, plan: CreationPlan
+        self, principal: Principal, plan: CreationPlan, secret: str
     ) -> CreateResult | tuple[Identity, Tenure, Task]:
         for _ in range(CLAIM_ATTEMPTS):
             identity = self._load_or_register(plan)
@@ -149,6 +170,7 @@ class CreationService:
                 plan=plan.to_manifest(),
                 plan_hash=plan.plan_hash,
                 lease_expires_at=datetime.now(UTC) + self._lease,
+                handle_hash=handle_hash(secret, principal.actor, plan.plan_hash),
             )
             task = Task.create(
                 task_id,
@@ -186,34 +208,20 @@ class CreationService:
         existing = self._app.load(key, Identity)
         return existing or Identity.register(key, plan.workspace_id, plan.external_id)
 
-    def _complete(self, identity: Identity, tenure: Tenure, task: Task) -> CreateResult:
-        number = tenure.number
-        for _ in range(CLAIM_ATTEMPTS):
-            current = identity.tenure(number)
-            if current.settled:
-                break
-            # A plan with no effect steps is proven the moment it is claimed, so
-            # Completing and Completed go in one save. With steps, Completing is
-            # saved on its own once every step is proven.
-            identity.begin_completing(number)
-            outcome = identity.complete(number)
-            task.activate(drop_external_id=outcome == OUTCOME_CREATED_IDENTITY_LOST)
-            try:
-                self._app.save_atomically(identity, task)
-                break
-            except VersionConflict:
-                # Someone else wrote to the stream (a release, a new tenure):
-                # re-read and complete again; never abort once completing.
-                reloaded_identity = self._app.load(identity.id, Identity)
-                reloaded_task = self._app.load(task.id, Task)
-                assert reloaded_identity is not None and reloaded_task is not None
-                identity, task = reloaded_identity, reloaded_task
-        else:
-            raise Conflict("creation could not complete; the runtime will finish it")
-        final = identity.tenure(number)
-        outcome_value = (
+    def _finish(self, identity_id: uuid.UUID, number: int, secret: str) -> CreateResult:
+        try:
+            done = self._driver.drive(identity_id, number, epoch=0)
+        except Fenced:
+            raise CreationHandedOver(
+                "this creation was taken over by the recovery runtime; retry the create"
+            ) from None
+        if done.tenure.phase == ABORTED:
+            if done.error is not None:
+                raise done.error
+            raise Conflict("the creation was aborted")
+        outcome = (
             Outcome.CREATED_IDENTITY_LOST
-            if final.outcome == OUTCOME_CREATED_IDENTITY_LOST
+            if done.tenure.outcome == OUTCOME_CREATED_IDENTITY_LOST
             else Outcome.CREATED
         )
-        return CreateResult(outcome_value, task_dto(task))
+        return CreateResult(outcome, task_dto(done.task), str(Handle(identity_id, number, secret)))

@@ -6,9 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 from kandev_es.application import Tasks
+from kandev_es.creation.steps.attachments import AttachmentClaimed
+from kandev_es.domain.attachment import Attachment, attachment_id_for
 from kandev_es.domain.task import Task
 from kandev_es.domain.workspace import Workspace
-from kandev_es.errors import UnknownReference
+from kandev_es.errors import UnknownReference, ValidationFailed
 
 
 def validate_against_workspace(app: Tasks, workspace: Workspace, fields: dict[str, Any]) -> None:
@@ -27,10 +29,23 @@ def validate_against_workspace(app: Tasks, workspace: Workspace, fields: dict[st
     for name in fields["repositories"]:
         if name not in workspace.repositories:
             raise UnknownReference(f"unknown repository {name!r}", field="repositories")
-    for attachment in fields["attachments"]:
-        # No attachment is claimable until uploads land (effects issue); any
-        # reference is therefore unknown, and says so rather than being dropped.
-        raise UnknownReference(f"unknown attachment {attachment!r}", field="attachments")
+    for name in ("repositories", "attachments"):
+        if len(set(fields[name])) != len(fields[name]):
+            raise ValidationFailed(f"{name} must not repeat an entry", field=name)
+    fields["repository_paths"] = {
+        name: workspace.repositories[name] for name in fields["repositories"]
+    }
+    shas = []
+    for reference in fields["attachments"]:
+        sha = reference.removeprefix("sha256:")
+        attachment = app.load(attachment_id_for(workspace.id, sha), Attachment)
+        if attachment is None:
+            raise UnknownReference(f"unknown attachment {reference!r}", field="attachments")
+        if attachment.claimed_by is not None:
+            raise AttachmentClaimed("attachment is claimed by another task", sha256=sha)
+        shas.append(sha)
+    fields["attachments"] = shas
+    fields["wip_limit"] = workspace.wip_limit
     profile = fields.get("agent_profile")
     if profile is not None and profile not in workspace.agent_profiles:
         raise UnknownReference(f"unknown agent profile {profile!r}", field="agent_profile")

@@ -37,7 +37,9 @@ class Tenure:
     plan: dict[str, Any]
     plan_hash: str
     lease_expires_at: datetime
+    handle_hash: str = ""
     epoch: int = 0
+    abort_reason: str | None = None
     phase: str = PREPARING
     released: bool = False
     release_operation_id: str | None = None
@@ -51,6 +53,10 @@ class Tenure:
     @property
     def settled(self) -> bool:
         return self.phase == COMPLETED
+
+    @property
+    def in_flight(self) -> bool:
+        return self.phase in (PREPARING, COMPLETING, ABORTING)
 
 
 class Identity(Aggregate):
@@ -96,6 +102,7 @@ class Identity(Aggregate):
         plan: dict[str, Any],
         plan_hash: str,
         lease_expires_at: datetime,
+        handle_hash: str = "",
     ) -> Tenure:
         if self.holder is not None:
             raise DomainRuleBroken("identity is already held")
@@ -109,17 +116,56 @@ class Identity(Aggregate):
             plan=plan,
             plan_hash=plan_hash,
             lease_expires_at=lease_expires_at,
+            handle_hash=handle_hash,
         )
         return self.tenures[number]
 
     def record_step(
-        self, tenure: int, step: str, key: str, status: str, evidence: dict[str, Any]
+        self,
+        tenure: int,
+        step: str,
+        key: str,
+        status: str,
+        evidence: dict[str, Any],
+        lease_expires_at: datetime | None = None,
     ) -> None:
         if self.tenure(tenure).phase not in (PREPARING, ABORTING):
             raise DomainRuleBroken("steps are recorded only while preparing or aborting")
         self.trigger_event(
-            self.StepRecorded, tenure=tenure, step=step, key=key, status=status, evidence=evidence
+            self.StepRecorded,
+            tenure=tenure,
+            step=step,
+            key=key,
+            status=status,
+            evidence=evidence,
+            lease_expires_at=lease_expires_at,
         )
+
+    def begin_aborting(self, tenure: int, reason: str) -> None:
+        if self.tenure(tenure).phase != PREPARING:
+            # Once Completing is recorded only Complete is allowed (AC-5).
+            raise DomainRuleBroken("only a preparing creation can abort")
+        self.trigger_event(self.Aborting, tenure=tenure, reason=reason)
+
+    def abort(self, tenure: int) -> None:
+        if self.tenure(tenure).phase != ABORTING:
+            raise DomainRuleBroken("abort needs an aborting creation")
+        self.trigger_event(self.Aborted, tenure=tenure)
+
+    def recover(self, tenure: int, owner_id: str, lease_expires_at: datetime) -> int:
+        """The Runtime takes over an expired tenure; the new epoch fences the old owner."""
+        current = self.tenure(tenure)
+        if not current.in_flight:
+            raise DomainRuleBroken("only an unfinished creation can be recovered")
+        epoch = current.epoch + 1
+        self.trigger_event(
+            self.RecoveryClaimed,
+            tenure=tenure,
+            epoch=epoch,
+            owner_id=owner_id,
+            lease_expires_at=lease_expires_at,
+        )
+        return epoch
 
     def begin_completing(self, tenure: int) -> None:
         if self.tenure(tenure).phase != PREPARING:
@@ -157,6 +203,7 @@ class Identity(Aggregate):
         plan: dict[str, Any]
         plan_hash: str
         lease_expires_at: datetime
+        handle_hash: str
 
         def apply(self, aggregate: Identity) -> None:
             aggregate.tenures[self.tenure] = Tenure(
@@ -167,6 +214,7 @@ class Identity(Aggregate):
                 plan=self.plan,
                 plan_hash=self.plan_hash,
                 lease_expires_at=self.lease_expires_at,
+                handle_hash=self.handle_hash,
             )
 
     class StepRecorded(Aggregate.Event):
@@ -175,13 +223,44 @@ class Identity(Aggregate):
         key: str
         status: str
         evidence: dict[str, Any]
+        lease_expires_at: datetime | None
 
         def apply(self, aggregate: Identity) -> None:
-            aggregate.tenures[self.tenure].steps[self.step] = {
+            tenure = aggregate.tenures[self.tenure]
+            tenure.steps[self.step] = {
                 "key": self.key,
                 "status": self.status,
                 "evidence": self.evidence,
             }
+            if self.lease_expires_at is not None:
+                tenure.lease_expires_at = self.lease_expires_at
+
+    class Aborting(Aggregate.Event):
+        tenure: int
+        reason: str
+
+        def apply(self, aggregate: Identity) -> None:
+            tenure = aggregate.tenures[self.tenure]
+            tenure.phase = ABORTING
+            tenure.abort_reason = self.reason
+
+    class Aborted(Aggregate.Event):
+        tenure: int
+
+        def apply(self, aggregate: Identity) -> None:
+            aggregate.tenures[self.tenure].phase = ABORTED
+
+    class RecoveryClaimed(Aggregate.Event):
+        tenure: int
+        epoch: int
+        owner_id: str
+        lease_expires_at: datetime
+
+        def apply(self, aggregate: Identity) -> None:
+            tenure = aggregate.tenures[self.tenure]
+            tenure.epoch = self.epoch
+            tenure.owner_id = self.owner_id
+            tenure.lease_expires_at = self.lease_expires_at
 
     class Completing(Aggregate.Event):
         tenure: int

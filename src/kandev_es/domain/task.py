@@ -15,6 +15,7 @@ from kandev_es.domain.errors import DomainRuleBroken
 
 TASK_PREPARING = "preparing"
 TASK_ACTIVE = "active"
+TASK_ABORTED = "aborted"
 
 EDITABLE_FIELDS = ("title", "description", "workflow_step")
 
@@ -83,6 +84,12 @@ class Task(Aggregate):
             raise DomainRuleBroken("task creation already settled")
         self.trigger_event(self.Activated, external_id_dropped=drop_external_id)
 
+    def abort_creation(self) -> None:
+        """The creation was aborted and compensated: the task never existed for callers."""
+        if self.phase != TASK_PREPARING:
+            raise DomainRuleBroken("only a preparing task can be aborted")
+        self.trigger_event(self.CreationAborted)
+
     def update(self, changes: dict[str, Any]) -> None:
         self._require_live()
         unknown = set(changes) - set(EDITABLE_FIELDS)
@@ -107,7 +114,7 @@ class Task(Aggregate):
         self.trigger_event(self.Deleted)
 
     def _require_live(self) -> None:
-        if self.deleted:
+        if self.deleted or self.phase == TASK_ABORTED:
             raise DomainRuleBroken("task is deleted")
 
     # ----- events ------------------------------------------------------------
@@ -118,6 +125,10 @@ class Task(Aggregate):
             aggregate.phase = TASK_ACTIVE
             if self.external_id_dropped:
                 aggregate.external_id = None
+
+    class CreationAborted(Aggregate.Event):
+        def apply(self, aggregate: Task) -> None:
+            aggregate.phase = TASK_ABORTED
 
     class Updated(Aggregate.Event):
         changes: dict[str, Any]

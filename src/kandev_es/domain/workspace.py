@@ -35,6 +35,7 @@ class Workspace(Aggregate):
         self.workflows = {k: list(v) for k, v in workflows.items()}
         self.repositories: dict[str, str] = {}
         self.agent_profiles = ["default"]
+        self.wip_limit: int | None = None
         self.deletion_generation = 0
         self.deleted = False
 
@@ -68,3 +69,15 @@ class Workspace(Aggregate):
 
         def apply(self, aggregate: Workspace) -> None:
             aggregate.repositories[self.name] = self.path
+
+    def set_wip_limit(self, limit: int | None) -> None:
+        if limit is not None and limit < 1:
+            raise DomainRuleBroken("wip_limit must be a positive integer or null")
+        if limit != self.wip_limit:
+            self.trigger_event(self.PolicyChanged, wip_limit=limit)
+
+    class PolicyChanged(Aggregate.Event):
+        wip_limit: int | None
+
+        def apply(self, aggregate: Workspace) -> None:
+            aggregate.wip_limit = self.wip_limit

@@ -1,0 +1,1 @@
+"""Agent processes: the bundled demo agent and process inspection helpers."""

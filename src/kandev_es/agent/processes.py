@@ -1,0 +1,50 @@
+"""Finding agent processes in the world by their run id (Linux /proc), so an
+unknown launch can be reconciled and a compensation proven."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from pathlib import Path
+
+RUN_ID_VARIABLE = b"KANDEV_RUN_ID="
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def processes_for_run(run_id: str) -> list[int]:
+    """Live pids whose environment carries KANDEV_RUN_ID=<run_id>."""
+    wanted = RUN_ID_VARIABLE + run_id.encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if wanted in environ.split(b"\x00") and _alive(int(entry.name)):
+            found.append(int(entry.name))
+    return sorted(found)
+
+
+def stop_run(run_id: str, grace_seconds: float = 3.0) -> None:
+    """SIGTERM every process of the run, then SIGKILL what is left."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        pids = processes_for_run(run_id)
+        if not pids:
+            return
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + grace_seconds
+        while time.monotonic() < deadline and processes_for_run(run_id):
+            time.sleep(0.05)

@@ -1,0 +1,186 @@
+"""Drives one tenure's creation to Completed or Aborted from its durable
+manifest. The creating request (epoch 0) and the recovering Runtime (a later
+epoch) run this same code; a write at a stale epoch is refused (fencing)."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from kandev_es.application import Tasks, VersionConflict
+from kandev_es.config import Settings
+from kandev_es.creation import failpoints
+from kandev_es.creation.steps.base import (
+    COMPENSATED,
+    FAILED,
+    STARTED,
+    SUCCEEDED,
+    UNKNOWN,
+    Step,
+    StepContext,
+    StepFailed,
+)
+from kandev_es.creation.steps.registry import steps_for
+from kandev_es.domain.identity import (
+    ABORTED,
+    ABORTING,
+    COMPLETED,
+    COMPLETING,
+    OUTCOME_CREATED_IDENTITY_LOST,
+    Identity,
+    Tenure,
+)
+from kandev_es.domain.task import Task
+from kandev_es.errors import KandevError, Unavailable
+
+log = logging.getLogger("kandev_es.creation")
+MAX_PASSES = 50
+
+
+class Fenced(Exception):
+    """A newer epoch owns this tenure; the stale owner stops without acting."""
+
+
+class CreationHandedOver(Unavailable):
+    code = "creation_handed_over"
+
+
+class EffectUnproven(KandevError):
+    status = 502
+    code = "effect_unproven"
+
+
+@dataclass(frozen=True)
+class DriveOutcome:
+    identity: Identity
+    task: Task
+    tenure: Tenure
+    error: KandevError | None = None
+
+
+class CreationDriver:
+    def __init__(self, app: Tasks, settings: Settings) -> None:
+        self._app = app
+        self._settings = settings
+        self._lease = timedelta(seconds=settings.lease_seconds)
+
+    def drive(self, identity_id: uuid.UUID, number: int, epoch: int) -> DriveOutcome:
+        error: KandevError | None = None
+        for _ in range(MAX_PASSES):
+            identity, task = self._load(identity_id, number)
+            tenure = identity.tenure(number)
+            if tenure.epoch != epoch:
+                raise Fenced(f"tenure {number} is now at epoch {tenure.epoch}")
+            if tenure.phase in (COMPLETED, ABORTED):
+                return DriveOutcome(identity, task, tenure, error)
+            ctx = StepContext(self._app, self._settings, identity_id, number, task.id, tenure.plan)
+            try:
+                if tenure.phase == COMPLETING:
+                    self._complete(identity, task, number)
+                elif tenure.phase == ABORTING:
+                    self._compensate(identity, task, tenure, ctx)
+                else:
+                    error = self._prepare(identity, tenure, ctx) or error
+            except VersionConflict:
+                continue  # someone else wrote: re-read, re-check the epoch
+        raise Unavailable("creation did not settle; the runtime will finish it")
+
+    def _load(self, identity_id: uuid.UUID, number: int) -> tuple[Identity, Task]:
+        identity = self._app.load(identity_id, Identity)
+        assert identity is not None
+        task = self._app.load(identity.tenure(number).task_id, Task)
+        assert task is not None
+        return identity, task
+
+    def _record(
+        self, identity: Identity, number: int, step: str, status: str, evidence: dict[str, Any]
+    ) -> None:
+        identity.record_step(
+            number,
+            step,
+            f"{identity.tenure(number).task_id}:{step}",
+            status,
+            evidence,
+            lease_expires_at=datetime.now(UTC) + self._lease,
+        )
+        self._app.save_atomically(identity)
+
+    def _prepare(self, identity: Identity, tenure: Tenure, ctx: StepContext) -> KandevError | None:
+        number = tenure.number
+        steps = steps_for(tenure.plan)
+        for step in steps:
+            status = tenure.steps.get(step.name, {}).get("status")
+            if status == SUCCEEDED:
+                continue
+            if status in (STARTED, UNKNOWN, FAILED):
+                evidence = step.reconcile(ctx)
+                if evidence is not None:
+                    self._record(identity, number, step.name, SUCCEEDED, evidence)
+                    continue
+            failure = self._run_step(identity, number, step, ctx)
+            if failure is not None:
+                return failure
+        # Proof gates Completing: every effect must be present in the world now.
+        for step in steps:
+            if step.reconcile(ctx) is None:
+                self._record(identity, number, step.name, UNKNOWN, {"proof": "missing"})
+                return None  # the next pass re-runs it
+        failpoints.hit(self._settings, "completing:before")
+        identity.begin_completing(number)
+        self._app.save_atomically(identity)
+        failpoints.hit(self._settings, "completing:after")
+        return None
+
+    def _run_step(
+        self, identity: Identity, number: int, step: Step, ctx: StepContext
+    ) -> KandevError | None:
+        kind = step.name.split(":", 1)[0]
+        self._record(identity, number, step.name, STARTED, {})  # fenced before any effect
+        failpoints.hit(self._settings, f"{kind}:before")
+        try:
+            evidence = step.run(ctx)
+        except StepFailed as failed:
+            self._abort(identity, number, step.name, failed.error)
+            return failed.error
+        except Exception as error:  # the effect's result is unknown: ask the world
+            log.exception("step %s raised; reconciling", step.name)
+            self._record(identity, number, step.name, UNKNOWN, {"error": repr(error)})
+            found = step.reconcile(ctx)
+            if found is None:
+                unproven = EffectUnproven(f"step {step.name} failed: {error}")
+                self._abort(identity, number, step.name, unproven)
+                return unproven
+            evidence = found
+        failpoints.hit(self._settings, f"{kind}:after")
+        self._record(identity, number, step.name, SUCCEEDED, evidence)
+        return None
+
+    def _abort(self, identity: Identity, number: int, step: str, error: KandevError) -> None:
+        identity.record_step(
+            number, step, f"{identity.tenure(number).task_id}:{step}", FAILED, error.to_dict()
+        )
+        identity.begin_aborting(number, error.code)
+        self._app.save_atomically(identity)
+
+    def _complete(self, identity: Identity, task: Task, number: int) -> None:
+        outcome = identity.complete(number)
+        task.activate(drop_external_id=outcome == OUTCOME_CREATED_IDENTITY_LOST)
+        self._app.save_atomically(identity, task)
+        log.info("completed identity=%s tenure=%s outcome=%s", identity.id, number, outcome)
+
+    def _compensate(self, identity: Identity, task: Task, tenure: Tenure, ctx: StepContext) -> None:
+        for step in reversed(steps_for(tenure.plan)):
+            status = tenure.steps.get(step.name, {}).get("status")
+            if status is None or status == COMPENSATED:
+                continue
+            step.compensate(ctx)
+            if not step.absent(ctx):
+                raise Unavailable(f"compensation of {step.name} is not yet proven")
+            self._record(identity, tenure.number, step.name, COMPENSATED, {"proof": "absent"})
+        identity.abort(tenure.number)
+        task.abort_creation()
+        self._app.save_atomically(identity, task)
+        log.info("aborted identity=%s tenure=%s", identity.id, tenure.number)

@@ -1,0 +1,108 @@
+"""Agent launch: a real subprocess from the configured command, detached into
+its own session so it outlives the web worker. The pidfile is the durable
+witness; without one, the world (/proc) is asked whether the run exists."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import threading
+from pathlib import Path
+from typing import Any
+
+from kandev_es.agent.processes import processes_for_run, stop_run
+from kandev_es.config import data_path
+from kandev_es.creation.steps.base import StepContext, StepFailed
+from kandev_es.domain.agent_session import session_id_for
+from kandev_es.errors import KandevError
+from kandev_es.services.auth import TokenService
+
+
+class AgentLaunchFailed(KandevError):
+    status = 502
+    code = "agent_launch_failed"
+
+
+class AgentLaunchStep:
+    name = "agent_launch"
+
+    def _pidfile(self, ctx: StepContext) -> Path:
+        return data_path(ctx.settings, "agents", f"{ctx.task_id}.pid")
+
+    def _run_id(self, ctx: StepContext) -> str:
+        return str(session_id_for(ctx.task_id))
+
+    def _cwd(self, ctx: StepContext) -> Path:
+        repositories = ctx.manifest.get("repositories") or []
+        if repositories:
+            return data_path(ctx.settings, "worktrees", str(ctx.task_id), repositories[0])
+        return data_path(ctx.settings, "sessions", str(ctx.task_id))
+
+    def run(self, ctx: StepContext) -> dict[str, Any]:
+        existing = self.reconcile(ctx)
+        if existing is not None:
+            return existing
+        run_id = self._run_id(ctx)
+        secret, _ = TokenService(ctx.app).issue(
+            workspace_id=ctx.workspace_id, admin=False, label=f"run:{run_id}"
+        )
+        cwd = self._cwd(ctx)
+        cwd.mkdir(parents=True, exist_ok=True)
+        log_path = data_path(ctx.settings, "agents", f"{ctx.task_id}.log")
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = {k: v for k, v in os.environ.items() if k != "KANDEV_FAILPOINT"}
+        env.update(
+            KANDEV_RUN_ID=run_id,
+            KANDEV_RUN_TOKEN=secret,
+            KANDEV_TASK_ID=str(ctx.task_id),
+            KANDEV_API_URL=ctx.settings.public_url,
+            KANDEV_WORKTREE=str(cwd),
+        )
+        command = shlex.split(ctx.settings.agent_command)
+        try:
+            with log_path.open("ab") as log:
+                process = subprocess.Popen(
+                    command,
+                    cwd=cwd,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+        except OSError as error:
+            raise StepFailed(AgentLaunchFailed(f"agent command failed to start: {error}")) from None
+        # Reap it when it exits, so a finished agent never lingers as a zombie.
+        threading.Thread(target=process.wait, daemon=True).start()
+        evidence = {
+            "pid": process.pid,
+            "run_id": run_id,
+            "log": str(log_path),
+            "cwd": str(cwd),
+            "command": command,
+        }
+        self._pidfile(ctx).write_text(json.dumps(evidence), encoding="utf-8")
+        return evidence
+
+    def reconcile(self, ctx: StepContext) -> dict[str, Any] | None:
+        pidfile = self._pidfile(ctx)
+        if pidfile.exists():
+            evidence: dict[str, Any] = json.loads(pidfile.read_text(encoding="utf-8"))
+            return evidence
+        pids = processes_for_run(self._run_id(ctx))
+        if not pids:
+            return None
+        # Launched, then the owner died before writing the pidfile: adopt it.
+        evidence = {"pid": pids[0], "run_id": self._run_id(ctx), "adopted": True}
+        pidfile.parent.mkdir(parents=True, exist_ok=True)
+        pidfile.write_text(json.dumps(evidence), encoding="utf-8")
+        return evidence
+
+    def compensate(self, ctx: StepContext) -> None:
+        stop_run(self._run_id(ctx))
+        self._pidfile(ctx).unlink(missing_ok=True)
+
+    def absent(self, ctx: StepContext) -> bool:
+        return not processes_for_run(self._run_id(ctx)) and not self._pidfile(ctx).exists()

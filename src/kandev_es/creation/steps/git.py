@@ -1,0 +1,49 @@
+"""Thin, typed wrappers over the git command line (real repositories only)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+
+class GitError(Exception):
+    pass
+
+
+def git(repo: Path | str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        ["git", "-C", str(repo), *args],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=60,
+        check=False,
+    )
+    if check and result.returncode != 0:
+        raise GitError(f"git {' '.join(args)} failed: {result.stderr.strip()}")
+    return result
+
+
+def branch_exists(repo: Path | str, branch: str) -> bool:
+    result = git(repo, "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}", check=False)
+    return result.returncode == 0
+
+
+def branch_marker(repo: Path | str, branch: str) -> str | None:
+    result = git(repo, "config", "--get", f"branch.{branch}.kandevtask", check=False)
+    return result.stdout.strip() or None
+
+
+def worktree_paths(repo: Path | str) -> set[str]:
+    listing = git(repo, "worktree", "list", "--porcelain").stdout
+    return {
+        str(Path(line.split(" ", 1)[1]).resolve())
+        for line in listing.splitlines()
+        if line.startswith("worktree ")
+    }
+
+
+def is_repository(path: Path | str) -> bool:
+    inside = git(path, "rev-parse", "--is-inside-work-tree", check=False)
+    head = git(path, "rev-parse", "--verify", "--quiet", "HEAD", check=False)
+    return inside.returncode == 0 and head.returncode == 0

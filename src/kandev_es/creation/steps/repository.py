@@ -1,0 +1,106 @@
+"""Repository attachment: a fresh branch ``kandev/<identifier>`` and a git
+worktree for it under the data dir. The branch is marked with the task id
+(``branch.<name>.kandevtask``) before it exists, so a rerun after a crash can
+tell its own half-made branch from someone else's."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+from kandev_es.config import data_path
+from kandev_es.creation.steps.base import StepContext, StepFailed
+from kandev_es.creation.steps.git import (
+    GitError,
+    branch_exists,
+    branch_marker,
+    git,
+    worktree_paths,
+)
+from kandev_es.errors import Conflict, KandevError
+
+
+class BranchTaken(Conflict):
+    code = "branch_exists"
+
+
+class RepositoryEffectFailed(KandevError):
+    status = 502
+    code = "repository_effect_failed"
+
+
+class RepositoryStep:
+    def __init__(self, repository: str, path: str) -> None:
+        self.repository = repository
+        self.path = path
+        self.name = f"repository:{repository}"
+
+    def branch(self, ctx: StepContext) -> str:
+        return f"kandev/{ctx.manifest['identifier']}"
+
+    def worktree(self, ctx: StepContext) -> Path:
+        return data_path(ctx.settings, "worktrees", str(ctx.task_id), self.repository)
+
+    def _evidence(self, ctx: StepContext) -> dict[str, Any]:
+        head = git(self.worktree(ctx), "rev-parse", "HEAD").stdout.strip()
+        return {
+            "repository": self.repository,
+            "branch": self.branch(ctx),
+            "worktree": str(self.worktree(ctx)),
+            "head": head,
+        }
+
+    def run(self, ctx: StepContext) -> dict[str, Any]:
+        branch, worktree, task = self.branch(ctx), self.worktree(ctx), str(ctx.task_id)
+        try:
+            marker = branch_marker(self.path, branch)
+            if branch_exists(self.path, branch) and marker != task:
+                raise StepFailed(BranchTaken(f"branch {branch} already exists", branch=branch))
+            if marker is None:
+                git(self.path, "config", f"branch.{branch}.kandevtask", task)
+            if not branch_exists(self.path, branch):
+                git(self.path, "branch", branch, "HEAD")
+            if str(worktree.resolve()) not in worktree_paths(self.path):
+                if worktree.exists():
+                    shutil.rmtree(worktree)  # a half-made checkout from a crash
+                git(self.path, "worktree", "prune")
+                worktree.parent.mkdir(parents=True, exist_ok=True)
+                git(self.path, "worktree", "add", str(worktree), branch)
+            return self._evidence(ctx)
+        except GitError as error:
+            raise StepFailed(RepositoryEffectFailed(str(error))) from None
+
+    def reconcile(self, ctx: StepContext) -> dict[str, Any] | None:
+        branch, worktree = self.branch(ctx), self.worktree(ctx)
+        if not branch_exists(self.path, branch):
+            return None
+        if branch_marker(self.path, branch) != str(ctx.task_id):
+            return None
+        if str(worktree.resolve()) not in worktree_paths(self.path) or not worktree.exists():
+            return None
+        return self._evidence(ctx)
+
+    def compensate(self, ctx: StepContext) -> None:
+        branch, worktree, task = self.branch(ctx), self.worktree(ctx), str(ctx.task_id)
+        # The marker is written before the branch is made, so a branch without
+        # our marker was never ours: never touch another task's branch.
+        ours = branch_marker(self.path, branch) == task
+        if str(worktree.resolve()) in worktree_paths(self.path):
+            git(self.path, "worktree", "remove", "--force", str(worktree))
+        if worktree.exists():
+            shutil.rmtree(worktree)
+        git(self.path, "worktree", "prune")
+        if ours and branch_exists(self.path, branch):
+            git(self.path, "branch", "-D", branch)
+        if ours:
+            git(self.path, "config", "--unset", f"branch.{branch}.kandevtask", check=False)
+
+    def absent(self, ctx: StepContext) -> bool:
+        branch, worktree = self.branch(ctx), self.worktree(ctx)
+        mine = branch_marker(self.path, branch) == str(ctx.task_id)
+        return (
+            not (mine and branch_exists(self.path, branch))
+            and str(worktree.resolve()) not in worktree_paths(self.path)
+            and not worktree.exists()
+        )
