@@ -9,10 +9,15 @@ from dataclasses import dataclass
 from kandev_es.application import Tasks
 from kandev_es.config import Settings
 from kandev_es.creation.service import CreationService
+from kandev_es.projections.creations import CreationsProjection
+from kandev_es.projections.feeds import FeedsProjection
 from kandev_es.projections.identities import IdentitiesProjection
 from kandev_es.projections.runner import ProjectionRunner
 from kandev_es.projections.tasks import TasksProjection
+from kandev_es.services.attachments import AttachmentService
 from kandev_es.services.auth import TokenService
+from kandev_es.services.creations import CreationStatusService
+from kandev_es.services.repositories import RepositoryService
 from kandev_es.services.tasks import TaskService
 from kandev_es.services.workspaces import WorkspaceService
 from kandev_es.storage.attestation import AttestationGuard
@@ -39,6 +44,9 @@ class Services:
     workspaces: WorkspaceService
     tokens: TokenService
     projections: ProjectionRunner
+    repositories: RepositoryService
+    attachments: AttachmentService
+    creation_status: CreationStatusService
 
     def close(self) -> None:
         self.projections.stop()
@@ -83,7 +91,11 @@ def bootstrap(settings: Settings) -> Services:
             database.backend,
             attestation.current.problems,
         )
-    projections = ProjectionRunner(app, database, [TasksProjection(), IdentitiesProjection()])
+    projections = ProjectionRunner(
+        app,
+        database,
+        [TasksProjection(), IdentitiesProjection(), CreationsProjection(), FeedsProjection()],
+    )
     return Services(
         settings=settings,
         app=app,
@@ -94,4 +106,7 @@ def bootstrap(settings: Settings) -> Services:
         workspaces=WorkspaceService(app, database),
         tokens=TokenService(app),
         projections=projections,
+        repositories=RepositoryService(app),
+        attachments=AttachmentService(app, settings),
+        creation_status=CreationStatusService(app),
     )

@@ -123,6 +123,34 @@ def projections_run(once: bool) -> None:
 
 
 @main.command()
+@click.option("--once", is_flag=True, help="one recovery scan, then exit")
+@click.option("--poll", default=1.0, show_default=True, help="seconds between scans")
+def runtime(once: bool, poll: float) -> None:
+    """Run the fenced recovery Runtime: finish or abort creations whose owner died."""
+    from kandev_es.runtime.recovery import Runtime
+
+    services = _open(create_tables=False)
+    actor = Runtime(services)
+    try:
+        if once:
+            for recovery in actor.recover_once():
+                _emit(
+                    {
+                        "identity_id": recovery.identity_id,
+                        "tenure": recovery.tenure,
+                        "epoch": recovery.epoch,
+                        "phase": recovery.phase,
+                    }
+                )
+        else:
+            actor.run_forever(poll)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        services.close()
+
+
+@main.command()
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8000, show_default=True, type=int)
 @click.option("--workers", default=None, type=int, help="web worker processes")
@@ -135,6 +163,29 @@ def serve(host: str, port: int, workers: int | None, threads: int) -> None:
     init_storage(settings)  # in the parent, before any worker starts
     first_start(settings, host, port)
     run_server(settings.with_overrides(create_tables=False), host, port, workers, threads)
+
+
+@main.command("mcp")
+@click.option("--http", "over_http", is_flag=True, help="streamable HTTP instead of stdio")
+@click.option("--host", default="127.0.0.1", show_default=True, help="with --http")
+@click.option("--port", default=8765, show_default=True, type=int, help="with --http")
+def mcp_server(over_http: bool, host: str, port: int) -> None:
+    """Run the MCP server. stdio acts with the token in KANDEV_TOKEN; --http with
+    each request's Authorization: Bearer header (endpoint /mcp)."""
+    from kandev_es.config import take_mcp_token
+    from kandev_es.mcp.server import serve_http, serve_stdio
+
+    token = take_mcp_token()
+    services = _open()
+    try:
+        if over_http:
+            serve_http(services, host, port)
+        else:
+            serve_stdio(services, token)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        services.close()
 
 
 if __name__ == "__main__":  # pragma: no cover

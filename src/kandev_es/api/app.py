@@ -7,7 +7,7 @@ from flask import Flask
 from flask_smorest import Api
 
 from kandev_es import __version__
-from kandev_es.api import errors, health, tasks, workspaces
+from kandev_es.api import errors, events, health, identities, resources, tasks, workspaces
 from kandev_es.api.context import EXTENSION_KEY
 from kandev_es.bootstrap import Services, bootstrap
 from kandev_es.config import Settings, load_settings
@@ -64,3 +64,6 @@ def _register_blueprints(api: Api) -> None:
     api.register_blueprint(tasks.blp)
     api.register_blueprint(workspaces.blp)
     api.register_blueprint(health.blp)
+    api.register_blueprint(resources.blp)
+    api.register_blueprint(events.blp)
+    api.register_blueprint(identities.blp)

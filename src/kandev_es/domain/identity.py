@@ -186,6 +186,9 @@ class Identity(Aggregate):
         current = self.tenure(tenure)
         if not current.holds:
             raise DomainRuleBroken("tenure no longer holds the identity")
+        if current.phase in (COMPLETING, ABORTING):
+            # Phase B is in progress: release must not race it (AC-6).
+            raise DomainRuleBroken(f"cannot release a {current.phase} creation")
         self.trigger_event(
             self.Released,
             tenure=tenure,

@@ -41,11 +41,11 @@ class Workspace(Aggregate):
 
     @classmethod
     def open(cls, name: str, task_prefix: str = "KAN") -> Workspace:
-        if not NAME_PATTERN.match(name):
+        if not NAME_PATTERN.fullmatch(name):
             raise DomainRuleBroken(
                 "workspace name must be 1-64 characters of letters, digits, '_', '.', '-'"
             )
-        if not PREFIX_PATTERN.match(task_prefix):
+        if not PREFIX_PATTERN.fullmatch(task_prefix):
             raise DomainRuleBroken("task prefix must be 1-10 upper-case letters or digits")
         return cls._create(
             cls.Opened,

@@ -11,7 +11,8 @@ from marshmallow import RAISE, Schema, ValidationError, fields, validate
 
 from kandev_es.application import Tasks, VersionConflict
 from kandev_es.domain.identity import Identity
-from kandev_es.domain.task import TASK_PREPARING, Task
+from kandev_es.domain.task import TASK_ABORTED, TASK_PREPARING, Task
+from kandev_es.domain.wip import WipLedger, wip_ledger_id
 from kandev_es.domain.workspace import Workspace
 from kandev_es.errors import (
     Conflict,
@@ -49,7 +50,7 @@ class TaskService:
 
     def get(self, principal: Principal | None, task_id: uuid.UUID) -> Task:
         task = self._app.load(task_id, Task)
-        if task is None or task.deleted or principal is None:
+        if task is None or task.deleted or task.phase == TASK_ABORTED or principal is None:
             raise TaskNotFound("task not found")
         if not principal.may_act_on(task.workspace_id):
             raise TaskNotFound("task not found")
@@ -116,7 +117,7 @@ class TaskService:
             task = self._editable(principal, task_id, None)
             task.archive()
             try:
-                self._app.save_atomically(task)
+                self._app.save_atomically(task, *self._give_back_wip(task))
             except VersionConflict:
                 continue
             return task_dto(task)
@@ -131,15 +132,22 @@ class TaskService:
             if identity is not None and holder is not None and holder.task_id == task.id:
                 identity.release(holder.number, f"task-delete:{task.id}", "task_deleted")
             task.delete()
+            others = [identity] if identity is not None else []
             try:
-                if identity is not None:
-                    self._app.save_atomically(identity, task)
-                else:
-                    self._app.save_atomically(task)
+                self._app.save_atomically(task, *others, *self._give_back_wip(task))
             except VersionConflict:
                 continue
             return
         raise Conflict("task is being edited concurrently; retry")
+
+    def _give_back_wip(self, task: Task) -> tuple[WipLedger, ...]:
+        """An archived or deleted task no longer counts against the WIP limit;
+        the slot returns in the same atomic save."""
+        ledger = self._app.load(wip_ledger_id(task.workspace_id), WipLedger)
+        if ledger is None or not ledger.holds(task.id):
+            return ()
+        ledger.give_back(task.id)
+        return (ledger,)
 
     def _editable(
         self, principal: Principal | None, task_id: uuid.UUID, if_revision: int | None

@@ -7,7 +7,7 @@ import uuid
 from kandev_es.application import Tasks, VersionConflict
 from kandev_es.domain.errors import DomainRuleBroken
 from kandev_es.domain.workspace import Workspace, workspace_id_for
-from kandev_es.errors import BadRequest, WorkspaceExists
+from kandev_es.errors import BadRequest, WorkspaceExists, WorkspaceNotFound
 from kandev_es.storage.counters import ensure_counter
 from kandev_es.storage.database import Database
 
@@ -36,6 +36,22 @@ class WorkspaceService:
             return None
         return workspace
 
+    def set_wip_limit(self, workspace_id: uuid.UUID, limit: int | None) -> Workspace:
+        for _ in range(8):
+            workspace = self.get(workspace_id)
+            if workspace is None:
+                raise WorkspaceNotFound("workspace not found")
+            try:
+                workspace.set_wip_limit(limit)
+            except DomainRuleBroken as error:
+                raise BadRequest(str(error)) from None
+            try:
+                self._app.save_atomically(workspace)
+            except VersionConflict:
+                continue
+            return workspace
+        raise WorkspaceExists("workspace is contended; retry")
+
     def get_by_name(self, name: str) -> Workspace | None:
         return self.get(workspace_id_for(name))
 
@@ -57,4 +73,6 @@ def workspace_dto(workspace: Workspace) -> dict[str, object]:
         "name": workspace.name,
         "task_prefix": workspace.task_prefix,
         "workflows": workspace.workflows,
+        "wip_limit": workspace.wip_limit,
+        "repositories": sorted(workspace.repositories),
     }

@@ -19,8 +19,19 @@ SQLITE_DDL = (
     " phase TEXT NOT NULL, held INTEGER NOT NULL)",
     "CREATE UNIQUE INDEX IF NOT EXISTS identities_view_external_id"
     " ON identities_view (workspace_id, external_id COLLATE BINARY)",
+    "CREATE TABLE IF NOT EXISTS creations_view ("
+    " identity_id TEXT NOT NULL, tenure INTEGER NOT NULL, workspace_id TEXT NOT NULL,"
+    " task_id TEXT NOT NULL, phase TEXT NOT NULL, epoch INTEGER NOT NULL,"
+    " lease_expires_at REAL NOT NULL, PRIMARY KEY (identity_id, tenure))",
     "CREATE TABLE IF NOT EXISTS office_counters ("
     " workspace_id TEXT PRIMARY KEY, last_value INTEGER NOT NULL)",
+    # Feeds (projections/feeds.py): position is the originating notification id.
+    "CREATE TABLE IF NOT EXISTS feed_events ("
+    " position INTEGER PRIMARY KEY, workspace_id TEXT NOT NULL, event_id TEXT NOT NULL,"
+    " type TEXT NOT NULL, subject TEXT NOT NULL, timestamp TEXT NOT NULL, data TEXT NOT NULL)",
+    "CREATE UNIQUE INDEX IF NOT EXISTS feed_events_event_id ON feed_events (event_id)",
+    "CREATE INDEX IF NOT EXISTS feed_events_workspace ON feed_events (workspace_id, position)",
+    "CREATE TABLE IF NOT EXISTS feed_tasks (task_id TEXT PRIMARY KEY, dto TEXT NOT NULL)",
 )
 
 POSTGRES_DDL = (
@@ -37,6 +48,16 @@ POSTGRES_DDL = (
     " phase TEXT NOT NULL, held BOOLEAN NOT NULL)",
     "CREATE UNIQUE INDEX IF NOT EXISTS identities_view_external_id"
     ' ON identities_view (workspace_id, external_id COLLATE "C")',
+    "CREATE TABLE IF NOT EXISTS creations_view ("
+    " identity_id UUID NOT NULL, tenure INTEGER NOT NULL, workspace_id UUID NOT NULL,"
+    " task_id UUID NOT NULL, phase TEXT NOT NULL, epoch INTEGER NOT NULL,"
+    " lease_expires_at DOUBLE PRECISION NOT NULL, PRIMARY KEY (identity_id, tenure))",
+    "CREATE TABLE IF NOT EXISTS feed_events ("
+    " position BIGINT PRIMARY KEY, workspace_id UUID NOT NULL, event_id UUID NOT NULL,"
+    " type TEXT NOT NULL, subject UUID NOT NULL, timestamp TEXT NOT NULL, data TEXT NOT NULL)",
+    "CREATE UNIQUE INDEX IF NOT EXISTS feed_events_event_id ON feed_events (event_id)",
+    "CREATE INDEX IF NOT EXISTS feed_events_workspace ON feed_events (workspace_id, position)",
+    "CREATE TABLE IF NOT EXISTS feed_tasks (task_id UUID PRIMARY KEY, dto TEXT NOT NULL)",
 )
 
 IDENTITY_INDEX = "identities_view_external_id"

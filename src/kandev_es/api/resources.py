@@ -1,0 +1,143 @@
+"""Workspace resources used by creations: repositories, attachments, WIP
+policy; and the creator's private view of its own creation."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from flask import request
+from flask.views import MethodView
+from flask_smorest import Blueprint
+from marshmallow import Schema, fields, validate
+
+from kandev_es.api.context import json_object, path_uuid, principal, services
+from kandev_es.errors import BadRequest, ValidationFailed, WorkspaceNotFound
+
+blp = Blueprint("resources", __name__, url_prefix="/api/v1", description="Workspace resources")
+
+
+class RepositorySchema(Schema):
+    name = fields.String(required=True, validate=validate.Length(min=1, max=100))
+    path = fields.String(required=True, metadata={"description": "absolute local git path"})
+
+
+class AttachmentSchema(Schema):
+    id = fields.String(required=True, metadata={"example": "sha256:…"})
+    sha256 = fields.String(required=True)
+    filename = fields.String(required=True)
+    size = fields.Integer(required=True)
+    content_type = fields.String(required=True)
+    claimed_by = fields.UUID(allow_none=True, required=True)
+
+
+class PolicySchema(Schema):
+    wip_limit = fields.Integer(allow_none=True, required=True, validate=validate.Range(min=1))
+
+
+class CreationStepSchema(Schema):
+    name = fields.String(required=True)
+    status = fields.String(required=True)
+    evidence = fields.Dict(required=True)
+
+
+class CreationStatusSchema(Schema):
+    task_id = fields.UUID(required=True)
+    tenure = fields.Integer(required=True)
+    phase = fields.String(required=True)
+    epoch = fields.Integer(required=True)
+    released = fields.Boolean(required=True)
+    outcome = fields.String(allow_none=True, required=True)
+    plan_hash = fields.String(required=True)
+    steps = fields.List(fields.Nested(CreationStepSchema), required=True)
+
+
+def _member_of(workspace_id: str) -> uuid.UUID:
+    target = path_uuid(workspace_id, "workspace id")
+    who = principal()
+    if who is None or not who.may_act_on(target) or services().workspaces.get(target) is None:
+        raise WorkspaceNotFound("workspace not found")
+    return target
+
+
+def _body(schema: type[Schema]) -> dict[str, Any]:
+    from marshmallow import ValidationError
+
+    try:
+        loaded: dict[str, Any] = schema().load(json_object())
+    except ValidationError as error:
+        raise ValidationFailed("invalid request", fields=error.messages) from None
+    return loaded
+
+
+@blp.route("/workspaces/<workspace_id>/repositories")
+class Repositories(MethodView):
+    @blp.doc(
+        requestBody={
+            "required": True,
+            "content": {"application/json": {"schema": RepositorySchema}},
+        }
+    )
+    @blp.response(201, RepositorySchema)
+    def post(self, workspace_id: str) -> dict[str, str]:
+        target = _member_of(workspace_id)
+        body = _body(RepositorySchema)
+        return services().repositories.register(target, body["name"], body["path"])
+
+    @blp.response(200, RepositorySchema(many=True))
+    def get(self, workspace_id: str) -> list[dict[str, str]]:
+        return services().repositories.list(_member_of(workspace_id))
+
+
+@blp.route("/workspaces/<workspace_id>/attachments")
+class Attachments(MethodView):
+    @blp.doc(
+        summary="Upload a file (raw body; ?filename=…). Content-addressed: re-uploads dedupe.",
+        parameters=[
+            {"name": "filename", "in": "query", "required": True, "schema": {"type": "string"}}
+        ],
+        requestBody={
+            "required": True,
+            "content": {
+                "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}
+            },
+        },
+    )
+    @blp.response(201, AttachmentSchema)
+    def post(self, workspace_id: str) -> dict[str, Any]:
+        target = _member_of(workspace_id)
+        filename = request.args.get("filename", "")
+        if "file" in request.files:
+            upload = request.files["file"]
+            content, filename = upload.read(), filename or (upload.filename or "")
+        else:
+            content = request.get_data()
+        return services().attachments.upload(
+            target, filename, content, request.mimetype or "application/octet-stream"
+        )
+
+
+@blp.route("/workspaces/<workspace_id>/policy")
+class Policy(MethodView):
+    @blp.doc(
+        requestBody={"required": True, "content": {"application/json": {"schema": PolicySchema}}}
+    )
+    @blp.response(200, PolicySchema)
+    def put(self, workspace_id: str) -> dict[str, Any]:
+        who = principal()
+        if who is None or not who.admin:
+            raise WorkspaceNotFound("workspace not found")
+        target = path_uuid(workspace_id, "workspace id")
+        body = _body(PolicySchema)
+        workspace = services().workspaces.set_wip_limit(target, body["wip_limit"])
+        return {"wip_limit": workspace.wip_limit}
+
+
+@blp.route("/creations/<handle>")
+class CreationStatus(MethodView):
+    @blp.doc(summary="The creator's own creation: phase and step states (private handle)")
+    @blp.response(200, CreationStatusSchema)
+    def get(self, handle: str) -> dict[str, Any]:
+        if len(handle) > 200:
+            raise BadRequest("handle too long")
+        return services().creation_status.status(principal(), handle)

@@ -1,0 +1,128 @@
+"""Reading the task.created / task.updated feeds (written by projections/feeds.py).
+
+The cursor is the feed row's position: the notification id of the event that
+produced it. Positions only grow and a rebuild reproduces them, so a cursor a
+client saved stays valid across rebuilds.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from kandev_es.errors import InvalidCursor, StoreUnavailable
+from kandev_es.projections.feeds import feed_source
+from kandev_es.storage.database import Database
+
+MAX_PAGE = 1000
+MAX_STREAM_SECONDS = 3600.0
+HEARTBEAT_SECONDS = 15.0
+
+
+@dataclass(frozen=True)
+class FeedItem:
+    position: int
+    envelope: dict[str, Any]
+
+
+def parse_cursor(raw: str | None, what: str = "after") -> int:
+    if raw is None or raw.strip() == "":
+        return 0
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise InvalidCursor(f"{what} must be a feed cursor (an integer)", field=what) from None
+    if value < 0:
+        raise InvalidCursor(f"{what} must not be negative", field=what)
+    return value
+
+
+def parse_bounded(raw: str | None, what: str, default: float, low: float, high: float) -> float:
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise InvalidCursor(f"{what} must be a number", field=what) from None
+    if not low <= value <= high:
+        raise InvalidCursor(f"{what} must be between {low:g} and {high:g}", field=what)
+    return value
+
+
+def read_feed(
+    database: Database, workspace_id: uuid.UUID, after: int, limit: int
+) -> list[FeedItem]:
+    workspace = workspace_id if database.backend == "postgres" else str(workspace_id)
+    with database.transaction() as tx:
+        rows = tx.execute(
+            "SELECT position, event_id, type, subject, timestamp, data FROM feed_events"
+            " WHERE workspace_id = ? AND position > ? ORDER BY position LIMIT ?",
+            (workspace, after, limit),
+        )
+    source = feed_source(workspace_id)
+    return [
+        FeedItem(
+            int(position),
+            {
+                "id": str(event_id),
+                "type": kind,
+                "subject": str(subject),
+                "source": source,
+                "timestamp": timestamp,
+                "data": json.loads(data),
+            },
+        )
+        for position, event_id, kind, subject, timestamp, data in rows
+    ]
+
+
+def feed_page(
+    database: Database, workspace_id: uuid.UUID, after: int, limit: int
+) -> dict[str, Any]:
+    items = read_feed(database, workspace_id, after, limit + 1)
+    page = items[:limit]
+    return {
+        "items": [item.envelope for item in page],
+        "next_cursor": page[-1].position if page else after,
+        "has_more": len(items) > limit,
+    }
+
+
+def sse_stream(
+    database: Database,
+    workspace_id: uuid.UUID,
+    after: int,
+    max_seconds: float,
+    poll_seconds: float = 0.5,
+) -> Iterator[str]:
+    """Server-Sent Events: ``id`` is the feed cursor, so a client reconnecting
+    with ``Last-Event-ID`` resumes right after the last event it saw. The stream
+    ends after ``max_seconds`` (clients reconnect) or when the store is lost."""
+    deadline = time.monotonic() + max_seconds
+    beat = time.monotonic()
+    cursor = after
+    yield "retry: 1000\n\n"
+    while True:
+        try:
+            items = read_feed(database, workspace_id, cursor, 100)
+        except StoreUnavailable:
+            return
+        for item in items:
+            cursor = item.position
+            yield (
+                f"id: {item.position}\nevent: {item.envelope['type']}\n"
+                f"data: {json.dumps(item.envelope)}\n\n"
+            )
+        if len(items) == 100:
+            continue
+        now = time.monotonic()
+        if now >= deadline:
+            return
+        if now - beat >= HEARTBEAT_SECONDS:
+            beat = now
+            yield ": keepalive\n\n"
+        time.sleep(min(poll_seconds, deadline - now))

@@ -1,0 +1,121 @@
+"""Identity history for auditors: the identity's whole stream, across tenures,
+straight from the event store (never from a read model).
+
+``identity_history`` returns JSON-ready data (the REST route and ``--json``);
+``render_timeline`` turns it into the readable lines the CLI prints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from datetime import datetime
+from typing import Any
+
+from kandev_es.application import Tasks
+from kandev_es.domain.external_id import identity_id
+from kandev_es.domain.identity import Identity
+from kandev_es.errors import IdentityNotFound, StoreUnavailable
+
+# Not shown: the library's bookkeeping, and the creation handle's hash (a
+# credential derivative, useless to an auditor).
+_HIDDEN = {"originator_id", "originator_version", "timestamp", "originator_topic", "handle_hash"}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _entry(event: Any) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "version": event.originator_version,
+        "timestamp": event.timestamp.isoformat(),
+        "event": type(event).__name__,
+    }
+    for field in dataclasses.fields(event):
+        if field.name not in _HIDDEN:
+            entry[field.name] = _plain(getattr(event, field.name))
+    return entry
+
+
+def identity_history(app: Tasks, workspace_id: uuid.UUID, external_id: str) -> dict[str, Any]:
+    key = identity_id(workspace_id, external_id)
+    try:
+        events = list(app.events.get(key))
+    except Exception as error:  # the library raises its own OperationalError
+        raise StoreUnavailable(f"event store unavailable: {error}") from None
+    if not events or not isinstance(events[0], Identity.Registered):
+        raise IdentityNotFound("identity not found")
+    identity = app.load(key, Identity)
+    holder = identity.holder if identity else None
+    return {
+        "identity_id": str(key),
+        "workspace_id": str(workspace_id),
+        "external_id": external_id,
+        "holder": None
+        if holder is None
+        else {"tenure": holder.number, "task_id": str(holder.task_id), "phase": holder.phase},
+        "tenures": len(identity.tenures) if identity else 0,
+        "events": [_entry(event) for event in events],
+    }
+
+
+def _describe(entry: dict[str, Any]) -> str:
+    kind = entry["event"]
+    if kind == "Registered":
+        return "identity registered"
+    if kind == "Claimed":
+        return (
+            f"CLAIMED by {entry['actor']} for task {entry['task_id']}"
+            f" (owner {entry['owner_id']}, lease until {entry['lease_expires_at']},"
+            f" plan {str(entry['plan_hash'])[:12]})"
+        )
+    if kind == "StepRecorded":
+        evidence = entry.get("evidence") or {}
+        shown = ", ".join(f"{k}={v}" for k, v in evidence.items())
+        return f"step {entry['step']} {entry['status']} key={entry['key']}" + (
+            f" evidence: {shown}" if shown else ""
+        )
+    if kind == "RecoveryClaimed":
+        return f"RECOVERY by {entry['owner_id']}, epoch {entry['epoch']}"
+    if kind == "Completing":
+        return "completing (all required steps proven)"
+    if kind == "Completed":
+        return f"COMPLETED, outcome {entry['outcome']}"
+    if kind == "Aborting":
+        return f"aborting: {entry['reason']}"
+    if kind == "Aborted":
+        return "ABORTED, compensation proven; identity free"
+    if kind == "Released":
+        generation = entry.get("deletion_generation")
+        extra = f", deletion generation {generation}" if generation is not None else ""
+        return f"RELEASED, operation {entry['operation_id']}, reason {entry['reason']}{extra}"
+    details = {k: v for k, v in entry.items() if k not in ("version", "timestamp", "event")}
+    return f"{kind} {details}"
+
+
+def render_timeline(history: dict[str, Any]) -> list[str]:
+    lines = [
+        f"identity {history['identity_id']}",
+        f"  workspace {history['workspace_id']}  external_id {history['external_id']!r}",
+        f"  {history['tenures']} tenure(s); holder: "
+        + (
+            "none"
+            if history["holder"] is None
+            else "tenure {tenure}, task {task_id}, {phase}".format(**history["holder"])
+        ),
+        "",
+    ]
+    for entry in history["events"]:
+        tenure = entry.get("tenure")
+        where = f"tenure {tenure}" if tenure is not None else "        "
+        lines.append(f"{entry['timestamp']}  v{entry['version']:<3} {where:<9} {_describe(entry)}")
+    return lines

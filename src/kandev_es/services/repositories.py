@@ -1,0 +1,52 @@
+"""Repositories registered to a workspace: real local git repositories that
+creations branch and check out worktrees from."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from pathlib import Path
+
+from kandev_es.application import Tasks, VersionConflict
+from kandev_es.creation.steps.git import is_repository
+from kandev_es.domain.errors import DomainRuleBroken
+from kandev_es.domain.workspace import Workspace
+from kandev_es.errors import Conflict, ValidationFailed, WorkspaceNotFound
+
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+
+
+class RepositoryService:
+    def __init__(self, app: Tasks) -> None:
+        self._app = app
+
+    def register(self, workspace_id: uuid.UUID, name: str, path: str) -> dict[str, str]:
+        if not NAME.match(name or ""):
+            raise ValidationFailed("repository name must be letters, digits, '_', '.', '-'")
+        resolved = Path(path).expanduser()
+        if not resolved.is_absolute() or not resolved.is_dir() or not is_repository(resolved):
+            raise ValidationFailed(
+                "path must be an absolute path to a local git repository with a commit",
+                field="path",
+            )
+        for _ in range(8):
+            workspace = self._app.load(workspace_id, Workspace)
+            if workspace is None or workspace.deleted:
+                raise WorkspaceNotFound("workspace not found")
+            try:
+                workspace.register_repository(name, str(resolved.resolve()))
+            except DomainRuleBroken as error:
+                raise Conflict(str(error)) from None
+            try:
+                self._app.save_atomically(workspace)
+            except VersionConflict:
+                continue
+            return {"name": name, "path": str(resolved.resolve())}
+        raise Conflict("workspace is contended; retry")
+
+    def list(self, workspace_id: uuid.UUID) -> list[dict[str, str]]:
+        workspace = self._app.load(workspace_id, Workspace)
+        if workspace is None or workspace.deleted:
+            raise WorkspaceNotFound("workspace not found")
+        return [{"name": n, "path": p} for n, p in sorted(workspace.repositories.items())]
+
