@@ -1,9 +1,20 @@
 """What a projection is: a name, and a function applying one event inside the
-runner's transaction."""
+runner's transaction. Projections may also declare
+
+- ``topics``: the only event topics they read (the runner filters in SQL, so a
+  projection never decodes events it ignores — this is what makes rebuilds fast);
+- ``apply_batch``: apply many events at once (bulk reads and writes);
+- ``tables`` and a ``suffix`` (see ``kandev_es.storage.tables.TableSet``): what a blue/green rebuild
+  recreates as ``<table>_next`` before swapping it in.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from eventsourcing.domain import Aggregate
+from eventsourcing.utils import get_topic
 
 from kandev_es.storage.database import Transaction
 
@@ -12,6 +23,32 @@ class Projection(Protocol):
     name: str
 
     def apply(self, tx: Transaction, event: Any, position: int, backend: str) -> None: ...
+
+
+@runtime_checkable
+class BatchProjection(Protocol):
+    def apply_batch(
+        self, tx: Transaction, items: Sequence[tuple[Any, int]], backend: str
+    ) -> None: ...
+
+
+@runtime_checkable
+class Rebuildable(Protocol):
+    name: str
+    tables: tuple[str, ...]
+
+    def with_suffix(self, suffix: str) -> Any: ...
+
+
+def event_topics(*aggregates: type[Aggregate]) -> tuple[str, ...]:
+    """Every event class nested in the given aggregates, as stored topics."""
+    topics: list[str] = []
+    for aggregate in aggregates:
+        for value in vars(aggregate).values():
+            is_event = isinstance(value, type) and issubclass(value, Aggregate.Event)
+            if is_event and value is not getattr(aggregate, "Event", None):
+                topics.append(get_topic(value))
+    return tuple(topics)
 
 
 def db_id(value: Any, backend: str) -> Any:

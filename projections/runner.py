@@ -1,18 +1,24 @@
 """Our own projection loop (DESIGN §6): read a batch of notifications after the
-tracked position, apply them and store the new position in one transaction."""
+tracked position, apply them and store the new position in one transaction;
+then sleep until a NOTIFY (PostgreSQL) or a short timeout, and start again.
+Any database error is logged once per outage and retried with backoff, so the
+loop outlives a lost connection or a database restart."""
 
 from __future__ import annotations
 
 import logging
 import threading
 from collections.abc import Sequence
+from typing import Any
 
-from kandev_es.projections.base import Projection
+from kandev_es.projections.base import BatchProjection, Projection
+from kandev_es.projections.wakeup import Waker, make_waker
 
 from kandev_es.application import Tasks
-from kandev_es.storage.database import Database
+from kandev_es.storage.database import Database, Transaction
 
 log = logging.getLogger("kandev_es.projections")
+MAX_BACKOFF_SECONDS = 5.0
 
 
 class ProjectionRunner:
@@ -23,76 +29,110 @@ class ProjectionRunner:
         projections: Sequence[Projection],
         batch_size: int = 500,
     ) -> None:
-        self._app = app
-        self._database = database
-        self._projections = list(projections)
+        self.app = app
+        self.database = database
+        self.projections = list(projections)
         self._batch_size = batch_size
         self._stop = threading.Event()
         self._lock = threading.Lock()
+        self.waker: Waker | None = None
+
+    def get(self, name: str) -> Projection:
+        for projection in self.projections:
+            if projection.name == name:
+                return projection
+        raise KeyError(name)
 
     def position(self, name: str) -> int:
-        with self._database.transaction() as tx:
+        with self.database.transaction() as tx:
             rows = tx.execute("SELECT position FROM projection_tracking WHERE name = ?", (name,))
         return int(rows[0][0]) if rows else 0
 
     def lag(self) -> dict[str, int]:
-        head = self._app.max_notification_id()
-        return {p.name: head - self.position(p.name) for p in self._projections}
+        head = self.app.max_notification_id()
+        return {p.name: max(head - self.position(p.name), 0) for p in self.projections}
 
     def run_once(self) -> int:
-        """Apply one batch to every projection; return how many events were applied."""
-        applied = 0
+        """Apply one batch to every projection; return how many events were read."""
+        read = 0
         with self._lock:
-            for projection in self._projections:
-                applied += self._run_batch(projection)
-        return applied
+            for projection in self.projections:
+                with self.database.transaction() as tx:
+                    read += self.apply_pending(tx, projection, projection.name, self._batch_size)
+        return read
 
     def catch_up(self) -> None:
         while self.run_once():
             pass
 
-    def _run_batch(self, projection: Projection) -> int:
-        backend = self._database.backend
-        lock = " FOR UPDATE" if backend == "postgres" else ""
-        with self._database.transaction() as tx:
-            # Runners in several processes serialise on the tracking row, so an
-            # event is never applied twice.
-            tx.execute(
-                "INSERT INTO projection_tracking (name, position) VALUES (?, 0)"
-                " ON CONFLICT (name) DO NOTHING",
-                (projection.name,),
-            )
-            rows = tx.execute(
-                "SELECT position FROM projection_tracking WHERE name = ?" + lock,
-                (projection.name,),
-            )
-            position = int(rows[0][0])
-            notifications = self._app.recorder.select_notifications(
-                start=position, limit=self._batch_size, inclusive_of_start=False
-            )
-            if not notifications:
-                return 0
-            for notification in notifications:
-                event = self._app.mapper.to_domain_event(notification)
-                projection.apply(tx, event, notification.id, backend)
-            last = notifications[-1].id
+    def apply_pending(
+        self, tx: Transaction, projection: Projection, tracking: str, limit: int
+    ) -> int:
+        """Inside ``tx``: apply up to ``limit`` events after the position tracked
+        under ``tracking`` and advance it. Returns how many events were read."""
+        lock = " FOR UPDATE" if self.database.backend == "postgres" else ""
+        # Runners in several processes serialise on the tracking row, so an
+        # event is never applied twice.
+        tx.execute(
+            "INSERT INTO projection_tracking (name, position) VALUES (?, 0)"
+            " ON CONFLICT (name) DO NOTHING",
+            (tracking,),
+        )
+        rows = tx.execute(
+            "SELECT position FROM projection_tracking WHERE name = ?" + lock, (tracking,)
+        )
+        position = int(rows[0][0])
+        topics: Sequence[str] = getattr(projection, "topics", ())
+        # Commit order equals notification order (the recorder locks the table
+        # for inserts), so everything up to a head read now is committed.
+        head = self.app.max_notification_id() if topics else 0
+        notifications = self.app.recorder.select_notifications(
+            start=position, limit=limit, topics=list(topics), inclusive_of_start=False
+        )
+        new_position = notifications[-1].id if notifications else position
+        if topics and len(notifications) < limit:
+            new_position = max(new_position, head)  # skip what the projection ignores
+        if notifications:
+            self._apply(tx, projection, notifications)
+        if new_position != position:
             tx.execute(
                 "UPDATE projection_tracking SET position = ? WHERE name = ?",
-                (last, projection.name),
+                (new_position, tracking),
             )
         return len(notifications)
 
+    def _apply(self, tx: Transaction, projection: Projection, notifications: Any) -> None:
+        backend = self.database.backend
+        items = [(self.app.mapper.to_domain_event(n), n.id) for n in notifications]
+        if isinstance(projection, BatchProjection):
+            projection.apply_batch(tx, items, backend)
+        else:
+            for event, position in items:
+                projection.apply(tx, event, position, backend)
+
     def run_forever(self, poll_seconds: float) -> None:
-        while not self._stop.is_set():
-            try:
-                applied = self.run_once()
-            except Exception:  # keep the loop alive; the next pass retries
-                log.exception("projection pass failed; retrying")
-                applied = 0
-            if not applied:
-                self._stop.wait(poll_seconds)
+        self.waker = make_waker(self.app, self.database)
+        failures = 0
+        try:
+            while not self._stop.is_set():
+                try:
+                    read = self.run_once()
+                except Exception as error:  # keep the loop alive; the next pass retries
+                    if failures == 0:
+                        log.warning("projection pass failed (%s); retrying", error)
+                    failures += 1
+                    self._stop.wait(min(poll_seconds * 2**failures, MAX_BACKOFF_SECONDS))
+                    continue
+                if failures:
+                    log.info("projections recovered after %d failed passes", failures)
+                    failures = 0
+                if not read:
+                    self.waker.wait(poll_seconds, self._stop)
+        finally:
+            self.waker.close()
 
     def start_thread(self, poll_seconds: float) -> threading.Thread:
+        self._stop.clear()
         thread = threading.Thread(
             target=self.run_forever, args=(poll_seconds,), name="projections", daemon=True
         )

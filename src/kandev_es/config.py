@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -61,6 +61,14 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         public_url=env.get("KANDEV_PUBLIC_URL") or Settings.public_url,
         failpoint=env.get("KANDEV_FAILPOINT") or None,
     )
+
+
+def take_mcp_token(environ: MutableMapping[str, str] | None = None) -> str | None:
+    """The bearer token ``kandev-es mcp`` acts with over stdio (``KANDEV_TOKEN``).
+    Removed from the environment once read, so the processes the server starts
+    (agents get their own run token) never inherit the caller's credential."""
+    env = os.environ if environ is None else environ
+    return env.pop("KANDEV_TOKEN", None) or None
 
 
 def data_path(settings: Settings, *parts: str) -> Path:

@@ -39,6 +39,12 @@ class ExternalIdImmutable(BadRequest):
     code = "external_id_immutable"
 
 
+class InvalidCursor(BadRequest):
+    """A feed cursor (``after``, ``Last-Event-ID``) or page size is not usable."""
+
+    code = "invalid_cursor"
+
+
 class ValidationFailed(KandevError):
     """Request-specific validation (title, workflow, references) failed."""
 
@@ -77,6 +83,13 @@ class WorkspaceNotFound(NotFound):
 
     def to_dict(self) -> dict[str, Any]:
         return {"error": "workspace not found"}
+
+
+class IdentityNotFound(NotFound):
+    code = "identity not found"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"error": "identity not found"}
 
 
 class Conflict(KandevError):

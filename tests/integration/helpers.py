@@ -56,3 +56,44 @@ def start_unsettled_creation(services: Services, workspace: Any, external_id: st
     )
     services.app.save_atomically(identity, task)
     return task
+
+
+def make_git_repository(path: Any) -> Any:
+    """A real git repository with one commit."""
+    import subprocess
+
+    path.mkdir(parents=True, exist_ok=True)
+    for args in (
+        ["init", "-q", "-b", "main"],
+        ["config", "user.email", "tests@kandev-es.local"],
+        ["config", "user.name", "kandev-es tests"],
+    ):
+        subprocess.run(["git", "-C", str(path), *args], check=True)
+    (path / "README.md").write_text("hello\n")
+    subprocess.run(["git", "-C", str(path), "add", "README.md"], check=True)
+    subprocess.run(["git", "-C", str(path), "commit", "-q", "-m", "init"], check=True)
+    return path
+
+
+def branches(path: Any) -> list[str]:
+    import subprocess
+
+    out = subprocess.run(
+        ["git", "-C", str(path), "branch", "--format=%(refname:short)"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return sorted(line for line in out.splitlines() if line)
+
+
+def worktrees(path: Any) -> list[str]:
+    import subprocess
+
+    out = subprocess.run(
+        ["git", "-C", str(path), "worktree", "list", "--porcelain"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return [line.split(" ", 1)[1] for line in out.splitlines() if line.startswith("worktree ")][1:]

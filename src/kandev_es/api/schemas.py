@@ -51,6 +51,14 @@ class CreateTaskResponseSchema(TaskSchema):
         },
     )
     advice = fields.String()
+    creation_handle = fields.String(
+        metadata={
+            "description": (
+                "private, only on created outcomes: read your own creation's step states "
+                "at /api/v1/creations/{handle}"
+            )
+        }
+    )
 
 
 class LookupResponseSchema(TaskSchema):

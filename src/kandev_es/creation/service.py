@@ -15,6 +15,7 @@ from typing import Any
 
 from kandev_es.application import Tasks, VersionConflict
 from kandev_es.config import Settings
+from kandev_es.creation import failpoints
 from kandev_es.creation.driver import CreationDriver, CreationHandedOver, Fenced
 from kandev_es.creation.handles import Handle, handle_hash, new_secret
 from kandev_es.creation.outcomes import CreateResult, Outcome
@@ -53,6 +54,7 @@ class CreationService:
         self._attestation = attestation
         self._lease = timedelta(seconds=settings.lease_seconds)
         self._driver = CreationDriver(app, settings)
+        self._settings = settings
         self._owner_prefix = f"{socket.gethostname()}:{os.getpid()}"
         self.outcome_counts: Counter[str] = Counter()
 
@@ -89,6 +91,7 @@ class CreationService:
         if isinstance(claimed, CreateResult):
             return claimed
         identity, tenure, _ = claimed
+        failpoints.hit(self._settings, "claim:after")
         return self._finish(identity.id, tenure.number, secret)  # steps 8-9
 
     def lookup(self, workspace_id: uuid.UUID, external_id: str) -> CreateResult | None:

@@ -71,7 +71,12 @@ class RepositoryStep:
         except GitError as error:
             raise StepFailed(RepositoryEffectFailed(str(error))) from None
 
+    def _repository_gone(self) -> bool:
+        return not Path(self.path).is_dir()
+
     def reconcile(self, ctx: StepContext) -> dict[str, Any] | None:
+        if self._repository_gone():
+            return None
         branch, worktree = self.branch(ctx), self.worktree(ctx)
         if not branch_exists(self.path, branch):
             return None
@@ -83,6 +88,10 @@ class RepositoryStep:
 
     def compensate(self, ctx: StepContext) -> None:
         branch, worktree, task = self.branch(ctx), self.worktree(ctx), str(ctx.task_id)
+        if self._repository_gone():
+            # Nothing of ours can be left in a repository that no longer exists.
+            shutil.rmtree(worktree, ignore_errors=True)
+            return
         # The marker is written before the branch is made, so a branch without
         # our marker was never ours: never touch another task's branch.
         ours = branch_marker(self.path, branch) == task
@@ -98,6 +107,8 @@ class RepositoryStep:
 
     def absent(self, ctx: StepContext) -> bool:
         branch, worktree = self.branch(ctx), self.worktree(ctx)
+        if self._repository_gone():
+            return not worktree.exists()
         mine = branch_marker(self.path, branch) == str(ctx.task_id)
         return (
             not (mine and branch_exists(self.path, branch))

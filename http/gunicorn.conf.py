@@ -1,0 +1,74 @@
+"""gunicorn configuration for running kandev-es in production on PostgreSQL.
+
+Usage (tables are created once, before any worker starts):
+
+    kandev-es db init && gunicorn -c http/gunicorn.conf.py 'kandev_es.api:create_app()'
+
+Settings come from the same environment as `kandev-es serve`
+(KANDEV_DATABASE_URL, KANDEV_DATA_DIR, KANDEV_POOL_SIZE, ...). Workers must not
+create tables themselves: several processes issuing CREATE TABLE IF NOT EXISTS
+at once fail on PostgreSQL, so this file defaults KANDEV_CREATE_TABLES to "n"
+and `kandev-es db init` has to run first.
+
+Environment read here:
+    KANDEV_BIND       address to listen on           (default 127.0.0.1:8000)
+    KANDEV_WORKERS    worker processes               (default 2 x CPU cores)
+    KANDEV_THREADS    threads per worker (gthread)   (default 8)
+    KANDEV_TIMEOUT    worker timeout in seconds      (default 60)
+
+On the embedded SQLite default there is a single writer: prefer
+`kandev-es serve`, or set KANDEV_WORKERS=1.
+
+Each worker runs its own projection thread (create_app starts one); on
+PostgreSQL the projections write their positions transactionally, so several
+runners are safe, or run `kandev-es projections run` beside the workers.
+
+This directory is deliberately not a Python package (a top-level `http` package
+would shadow the standard library's `http`).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+
+
+def _int_env(name: str, default: int) -> int:
+    value = os.environ.get(name, "").strip()
+    return int(value) if value else default
+
+
+# Workers never create tables; `kandev-es db init` does, once.
+os.environ.setdefault("KANDEV_CREATE_TABLES", "n")
+
+bind = os.environ.get("KANDEV_BIND") or "127.0.0.1:8000"
+workers = _int_env("KANDEV_WORKERS", 2 * multiprocessing.cpu_count())
+worker_class = "gthread"
+threads = _int_env("KANDEV_THREADS", 8)
+
+timeout = _int_env("KANDEV_TIMEOUT", 60)
+graceful_timeout = 10
+keepalive = 5
+
+# gunicorn >= 23 opens a control socket by default; we do not use it.
+control_socket_disable = True
+
+accesslog = "-"  # access log on stdout
+errorlog = "-"  # gunicorn's own log on stderr
+loglevel = (os.environ.get("KANDEV_LOG_LEVEL") or "info").lower()
+
+
+def post_fork(server: object, worker: object) -> None:
+    """Give the application's loggers (kandev_es.*) a stderr handler in each
+    worker; `kandev-es serve` does the same through its CLI."""
+    import logging
+    import sys
+
+    logger = logging.getLogger("kandev_es")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(
+            logging.Formatter("%(asctime)s [%(process)d] %(levelname)s %(name)s %(message)s")
+        )
+        logger.addHandler(handler)
+        logger.setLevel(loglevel.upper())

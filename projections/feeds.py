@@ -1,0 +1,137 @@
+"""The task.created / task.updated feeds (DESIGN §6), one table for every
+workspace, read per workspace by position.
+
+- ``task.created`` goes out on ``Task.Activated``: a task is activated only when
+  its creation Completed, so there is exactly one per completed creation, none
+  for a Found (a Found writes no event at all) and none before Completed. Its
+  data is the DTO at that point; external_id only when still held (AC-7).
+- ``task.updated`` goes out for ``Updated``, ``Archived`` and
+  ``ExternalIdCleared`` (release) of an active task. A release recorded while
+  the creation is still preparing publishes nothing (AC-7).
+
+Each feed row's position is the originating event's notification id and its id
+is derived from (originator_id, originator_version), so a rebuild reproduces the
+same ids in the same order. ``feed_tasks`` holds the projection's own copy of
+each task's DTO, so the feed never depends on another read model's progress.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from kandev_es.projections.base import db_id, event_topics
+from kandev_es.projections.tasks import initial_dto, patch_dto
+
+from kandev_es.domain.task import TASK_ACTIVE, Task
+from kandev_es.storage.database import Transaction
+from kandev_es.storage.tables import TableSet
+
+FEED_NAMESPACE = uuid.UUID("3a1d6f0c-9b7e-4c52-8e14-7f2b5d9c0a61")
+TASK_CREATED = "task.created"
+TASK_UPDATED = "task.updated"
+UPDATES = (Task.Updated, Task.Archived, Task.ExternalIdCleared)
+_CHUNK = 500
+
+
+def feed_event_id(originator_id: uuid.UUID, originator_version: int) -> uuid.UUID:
+    return uuid.uuid5(FEED_NAMESPACE, f"{originator_id}:{originator_version}")
+
+
+def feed_source(workspace_id: object) -> str:
+    return f"kandev-es/workspaces/{workspace_id}"
+
+
+class FeedsProjection(TableSet):
+    name = "feeds"
+    tables = ("feed_events", "feed_tasks")
+    topics = event_topics(Task)
+
+    def apply(self, tx: Transaction, event: Any, position: int, backend: str) -> None:
+        self.apply_batch(tx, [(event, position)], backend)
+
+    def apply_batch(self, tx: Transaction, items: Sequence[tuple[Any, int]], backend: str) -> None:
+        events = [(e, p) for e, p in items if isinstance(e, Task.Event)]
+        if not events:
+            return
+        wanted = {e.originator_id for e, _ in events if not isinstance(e, Task.Created)}
+        states: dict[uuid.UUID, dict[str, Any] | None] = self._load(tx, wanted, backend)
+        changed: set[uuid.UUID] = set()
+        rows: list[tuple[Any, ...]] = []
+        for event, position in events:
+            task_id = event.originator_id
+            changed.add(task_id)
+            if isinstance(event, Task.Created):
+                states[task_id] = initial_dto(event)
+                continue
+            dto = states.get(task_id)
+            if dto is None:
+                continue
+            if isinstance(event, Task.Deleted | Task.CreationAborted):
+                states[task_id] = None
+                continue
+            was_active = dto["state"] == TASK_ACTIVE
+            patch_dto(dto, event)
+            kind = None
+            if isinstance(event, Task.Activated):
+                kind = TASK_CREATED
+            elif was_active and isinstance(event, UPDATES):
+                kind = TASK_UPDATED
+            if kind is not None:
+                rows.append(self._row(event, position, kind, dto, backend))
+        self._write(tx, rows, {k: states.get(k) for k in changed}, backend)
+
+    @staticmethod
+    def _row(
+        event: Any, position: int, kind: str, dto: dict[str, Any], backend: str
+    ) -> tuple[Any, ...]:
+        return (
+            position,
+            db_id(uuid.UUID(dto["workspace_id"]), backend),
+            db_id(feed_event_id(event.originator_id, event.originator_version), backend),
+            kind,
+            db_id(event.originator_id, backend),
+            event.timestamp.isoformat(),
+            json.dumps(dto),
+        )
+
+    def _load(
+        self, tx: Transaction, task_ids: Iterable[uuid.UUID], backend: str
+    ) -> dict[uuid.UUID, dict[str, Any] | None]:
+        ids = list(task_ids)
+        found: dict[uuid.UUID, dict[str, Any] | None] = {}
+        for start in range(0, len(ids), _CHUNK):
+            chunk = ids[start : start + _CHUNK]
+            marks = ", ".join("?" for _ in chunk)
+            for task_id, dto in tx.execute(
+                f"SELECT task_id, dto FROM {self.t('feed_tasks')} WHERE task_id IN ({marks})",
+                [db_id(i, backend) for i in chunk],
+            ):
+                found[uuid.UUID(str(task_id))] = json.loads(dto)
+        return found
+
+    def _write(
+        self,
+        tx: Transaction,
+        rows: list[tuple[Any, ...]],
+        states: dict[uuid.UUID, dict[str, Any] | None],
+        backend: str,
+    ) -> None:
+        if rows:
+            tx.executemany(
+                f"INSERT INTO {self.t('feed_events')} (position, workspace_id, event_id, type,"
+                " subject, timestamp, data) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                rows,
+            )
+        gone = [(db_id(k, backend),) for k, v in states.items() if v is None]
+        kept = [(db_id(k, backend), json.dumps(v)) for k, v in states.items() if v is not None]
+        if gone:
+            tx.executemany(f"DELETE FROM {self.t('feed_tasks')} WHERE task_id = ?", gone)
+        if kept:
+            tx.executemany(
+                f"INSERT INTO {self.t('feed_tasks')} (task_id, dto) VALUES (?, ?)"
+                " ON CONFLICT (task_id) DO UPDATE SET dto = excluded.dto",
+                kept,
+            )

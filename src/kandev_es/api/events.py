@@ -1,0 +1,88 @@
+"""The task.created / task.updated feeds: a paged read and an SSE stream.
+
+Feeds come from a read model and may lag the event store by the projection
+delay. A workspace token reads its own workspace, an admin token any; anything
+else is 404 (never revealing whether the workspace exists)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from flask import Response, request
+from flask.views import MethodView
+from flask_smorest import Blueprint
+
+from kandev_es.api.context import path_uuid, principal, services
+from kandev_es.errors import WorkspaceNotFound
+from kandev_es.services.feeds import (
+    MAX_PAGE,
+    MAX_STREAM_SECONDS,
+    feed_page,
+    parse_bounded,
+    parse_cursor,
+    sse_stream,
+)
+
+blp = Blueprint("events", __name__, url_prefix="/api/v1", description="Event feeds")
+
+_AFTER = {
+    "name": "after",
+    "in": "query",
+    "schema": {"type": "integer", "minimum": 0},
+    "description": "feed cursor: return events after this position",
+}
+
+
+def _authorized_workspace(workspace_id: str) -> uuid.UUID:
+    target = path_uuid(workspace_id, "workspace id")
+    who = principal()
+    if who is None or not who.may_act_on(target) or services().workspaces.get(target) is None:
+        raise WorkspaceNotFound("workspace not found")
+    return target
+
+
+@blp.route("/workspaces/<workspace_id>/events")
+class EventFeed(MethodView):
+    @blp.doc(
+        summary="task.created / task.updated events after a cursor",
+        parameters=[
+            _AFTER,
+            {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1}},
+        ],
+        responses={200: {"description": "a page: items, next_cursor, has_more"}},
+    )
+    def get(self, workspace_id: str) -> dict[str, Any]:
+        target = _authorized_workspace(workspace_id)
+        after = parse_cursor(request.args.get("after"))
+        limit = int(parse_bounded(request.args.get("limit"), "limit", 100, 1, MAX_PAGE))
+        return feed_page(services().database, target, after, limit)
+
+
+@blp.route("/workspaces/<workspace_id>/events/stream")
+class EventStream(MethodView):
+    @blp.doc(
+        summary="Server-Sent Events; resume with Last-Event-ID",
+        parameters=[
+            _AFTER,
+            {"name": "max_seconds", "in": "query", "schema": {"type": "number"}},
+            {"name": "Last-Event-ID", "in": "header", "schema": {"type": "integer"}},
+        ],
+        responses={200: {"description": "text/event-stream; each id is a feed cursor"}},
+    )
+    def get(self, workspace_id: str) -> Response:
+        target = _authorized_workspace(workspace_id)
+        resume = request.headers.get("Last-Event-ID")
+        if resume is not None and resume.strip():
+            after = parse_cursor(resume, "Last-Event-ID")
+        else:
+            after = parse_cursor(request.args.get("after"))
+        max_seconds = parse_bounded(
+            request.args.get("max_seconds"), "max_seconds", 300, 0, MAX_STREAM_SECONDS
+        )
+        database = services().database
+        return Response(
+            sse_stream(database, target, after, max_seconds),
+            mimetype="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )

@@ -1,0 +1,44 @@
+"""The one mapping from typed errors to MCP tool results.
+
+A failure is a tool result with ``isError: true`` whose structured content is
+the REST error body plus the HTTP-like ``status``: callers branch on the same
+machine-readable ``error`` code over REST and MCP."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from mcp_types import CallToolResult, TextContent
+
+from kandev_es.errors import KandevError
+
+log = logging.getLogger("kandev_es.mcp")
+
+
+def success(body: dict[str, Any]) -> CallToolResult:
+    return CallToolResult(
+        content=[TextContent(type="text", text=json.dumps(body, default=str))],
+        structured_content=body,
+    )
+
+
+def failure(error: KandevError) -> CallToolResult:
+    body = error.to_dict() | {"status": error.status}
+    return _error_result(body)
+
+
+def unexpected(error: BaseException) -> CallToolResult:
+    log.error("unhandled error in MCP tool", exc_info=error)
+    return _error_result(
+        {"error": "internal_error", "message": "internal server error", "status": 500}
+    )
+
+
+def _error_result(body: dict[str, Any]) -> CallToolResult:
+    return CallToolResult(
+        content=[TextContent(type="text", text=json.dumps(body, default=str))],
+        structured_content=body,
+        is_error=True,
+    )

@@ -1,0 +1,99 @@
+"""What each tool does: parse its arguments, call the one service, return the
+REST-shaped body. Typed errors propagate; ``mcp.errors`` maps them once."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from marshmallow import RAISE, Schema, ValidationError, fields, validate
+
+from kandev_es.bootstrap import Services
+from kandev_es.errors import BadRequest, TaskNotFound, ValidationFailed
+from kandev_es.mcp import tools
+from kandev_es.mcp.workspaces import resolve_workspace
+from kandev_es.services.auth import Principal
+from kandev_es.views import task_dto
+
+Handler = Callable[[Services, Principal | None, Mapping[str, Any]], dict[str, Any]]
+
+
+def create_task(
+    services: Services, principal: Principal | None, arguments: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The create protocol, with the arguments as the body — unvalidated, so the
+    identity lookup answers before any request-specific validation (AC-4)."""
+    body = dict(arguments)
+    if body.get("workspace_id") is None:
+        body.pop("workspace_id", None)
+        workspace = resolve_workspace(services, principal, body.get("parent_id"))
+        if workspace is not None:
+            body["workspace_id"] = str(workspace)
+    body.setdefault("start_agent", True)  # MCP's default; REST's is false
+    return services.creation.create(principal, body).to_response()
+
+
+def get_task(
+    services: Services, principal: Principal | None, arguments: Mapping[str, Any]
+) -> dict[str, Any]:
+    task = services.tasks.get(principal, _uuid(arguments.get("task_id"), "task_id"))
+    return task_dto(task)
+
+
+class _ListArguments(Schema):
+    class Meta:
+        unknown = RAISE
+
+    workspace_id = fields.UUID(load_default=None, allow_none=True)
+    after = fields.Integer(load_default=0, strict=True, validate=validate.Range(min=0))
+    limit = fields.Integer(load_default=50, strict=True, validate=validate.Range(min=1, max=500))
+    include_archived = fields.Boolean(load_default=True)
+
+
+def list_tasks(
+    services: Services, principal: Principal | None, arguments: Mapping[str, Any]
+) -> dict[str, Any]:
+    try:
+        query: dict[str, Any] = _ListArguments().load(dict(arguments))
+    except ValidationError as error:
+        raise ValidationFailed("invalid list_tasks arguments", fields=error.messages) from None
+    workspace = query["workspace_id"] or resolve_workspace(services, principal)
+    if principal is None or workspace is None or not principal.may_act_on(workspace):
+        raise TaskNotFound("task not found")
+    items, next_cursor = services.tasks.list(
+        workspace,
+        after=query["after"],
+        limit=query["limit"],
+        include_archived=query["include_archived"],
+    )
+    return {"items": items, "next_cursor": next_cursor}
+
+
+def update_task(
+    services: Services, principal: Principal | None, arguments: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The task patch; the service rejects external_id (immutable) first."""
+    body = dict(arguments)
+    task_id = _uuid(body.pop("task_id", None), "task_id")
+    revision = body.pop("if_revision", None)
+    if revision is not None and (isinstance(revision, bool) or not isinstance(revision, int)):
+        raise BadRequest("if_revision must be a task revision (an integer)")
+    return services.tasks.patch(principal, task_id, body, revision)
+
+
+def _uuid(value: object, name: str) -> uuid.UUID:
+    if value is None:
+        raise BadRequest(f"{name} is required")
+    try:
+        return uuid.UUID(str(value))
+    except ValueError:
+        raise BadRequest(f"{name} must be a UUID") from None
+
+
+HANDLERS: dict[str, Handler] = {
+    tools.CREATE_TASK: create_task,
+    tools.GET_TASK: get_task,
+    tools.LIST_TASKS: list_tasks,
+    tools.UPDATE_TASK: update_task,
+}

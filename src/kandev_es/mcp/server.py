@@ -1,0 +1,121 @@
+"""The MCP server on the official SDK's low-level ``Server``: tool definitions
+are published as written in ``mcp.tools`` and arguments reach the services raw
+(the high-level server would validate them first, turning a Found into an error).
+
+Authentication: every call acts with a bearer token, authenticated per call so
+a revoked token stops working at once. Over stdio it is the one token the
+process was started with (``KANDEV_TOKEN``); over streamable HTTP it is the
+request's ``Authorization: Bearer`` header, and nothing else."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import anyio.to_thread
+from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel import Server
+from mcp.shared.exceptions import MCPError
+from mcp_types import (
+    INVALID_PARAMS,
+    CallToolRequestParams,
+    CallToolResult,
+    ListToolsResult,
+    PaginatedRequestParams,
+)
+
+from kandev_es import __version__
+from kandev_es.bootstrap import Services
+from kandev_es.errors import KandevError
+from kandev_es.mcp import errors, tools
+from kandev_es.mcp.handlers import HANDLERS
+
+log = logging.getLogger("kandev_es.mcp")
+
+SecretSource = Callable[[ServerRequestContext[Any, Any]], str | None]
+
+INSTRUCTIONS = (
+    "Kandev tasks. create_task_kandev is create-if-absent by external_id: safe to repeat, "
+    "but it creates a task when none holds the identity, so it is not a probe. "
+    + tools.SAFETY_STATEMENT
+)
+
+
+def build_server(services: Services, secret_for: SecretSource) -> Server[Any]:
+    async def list_tools(
+        ctx: ServerRequestContext[Any, Any], params: PaginatedRequestParams | None
+    ) -> ListToolsResult:
+        return ListToolsResult(tools=list(tools.TOOLS))
+
+    async def call_tool(
+        ctx: ServerRequestContext[Any, Any], params: CallToolRequestParams
+    ) -> CallToolResult:
+        handler = HANDLERS.get(params.name)
+        if handler is None:
+            raise MCPError(code=INVALID_PARAMS, message=f"unknown tool {params.name!r}")
+        arguments = dict(params.arguments or {})
+        secret = secret_for(ctx)
+
+        def work() -> dict[str, Any]:
+            principal = services.tokens.authenticate(secret)
+            return handler(services, principal, arguments)
+
+        try:
+            body = await anyio.to_thread.run_sync(work)
+        except KandevError as error:
+            log.info("mcp tool=%s error=%s status=%s", params.name, error.code, error.status)
+            return errors.failure(error)
+        except Exception as error:
+            return errors.unexpected(error)
+        log.info(
+            "mcp tool=%s workspace=%s task=%s outcome=%s",
+            params.name, body.get("workspace_id"), body.get("id"), body.get("outcome"),
+        )
+        return errors.success(body)
+
+    return Server(
+        "kandev-es",
+        version=__version__,
+        instructions=INSTRUCTIONS,
+        on_list_tools=list_tools,
+        on_call_tool=call_tool,
+    )
+
+
+def bearer_header(ctx: ServerRequestContext[Any, Any]) -> str | None:
+    """The token of this HTTP request; None on a transport without headers."""
+    request = ctx.request
+    headers = getattr(request, "headers", None)
+    if headers is None:
+        return None
+    scheme, _, secret = str(headers.get("authorization", "")).partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    return secret.strip() or None
+
+
+def serve_stdio(services: Services, token: str | None) -> None:
+    from mcp.server.stdio import stdio_server
+
+    if not token:
+        log.warning("KANDEV_TOKEN is not set: every tool call will be refused")
+    server = build_server(services, lambda ctx: token)
+
+    async def run() -> None:
+        async with stdio_server() as (read_stream, write_stream):
+            await server.run(read_stream, write_stream, server.create_initialization_options())
+
+    services.projections.start_thread(services.settings.projection_poll_seconds)
+    anyio.run(run)
+
+
+def serve_http(services: Services, host: str, port: int, path: str = "/mcp") -> None:
+    import uvicorn
+
+    server = build_server(services, bearer_header)
+    app = server.streamable_http_app(streamable_http_path=path, host=host)
+    services.projections.start_thread(services.settings.projection_poll_seconds)
+    log.info("mcp streamable HTTP on http://%s:%s%s", host, port, path)
+    uvicorn.run(app, host=host, port=port, log_level="warning")

@@ -1,0 +1,143 @@
+"""The tools this server offers: names, descriptions and input schemas.
+
+There is deliberately no lookup/probe tool and no release tool (seed, "The probe,
+and what MCP has instead"; "The one unsafe thing"). The input schemas are
+published for callers; arguments reach the create protocol unvalidated, so the
+identity lookup runs before any request-specific validation (AC-4)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mcp_types import Tool, ToolAnnotations
+
+CREATE_TASK = "create_task_kandev"
+GET_TASK = "get_task"
+LIST_TASKS = "list_tasks"
+UPDATE_TASK = "update_task"
+
+SAFETY_STATEMENT = (
+    "deduplicated=true with creation_complete=false means another create owns this "
+    "identity and has not finished: proceed with the returned task id, or escalate to a "
+    "human. NEVER release the identity and create again: that is the one unsafe move, "
+    "and it produces a duplicate task and a duplicate running agent."
+)
+
+CREATE_DESCRIPTION = f"""Create a Kandev task: create-if-absent, idempotent by external_id.
+
+This is NOT a probe or a lookup. With an external_id, if a task in the workspace \
+already holds that identity you get that task back unchanged and nothing is created \
+or validated; if no task holds it, this call CREATES one (and, with start_agent, \
+launches an agent). MCP has no side-effect-free lookup tool.
+Without external_id every call creates a new task. The system never generates an \
+external_id: mint one (a Jira key, a webhook delivery id, a UUID) before your first \
+attempt and send the same value on every retry.
+
+The result is the task plus:
+- outcome: created | found_settled | found_unsettled | created_identity_lost.
+- deduplicated: true when an existing task was returned and nothing was created \
+(found_settled, found_unsettled); false when this call created the task.
+- creation_complete: true when the returned task finished its required creation \
+work (it says nothing about whether an agent is still running); false only for \
+found_unsettled.
+{SAFETY_STATEMENT} Repeating this same create later is safe.
+
+Workspace: workspace_id if given, else the parent task's (parent_id), else the \
+token's workspace, else the only workspace when exactly one exists. start_agent \
+defaults to true. Errors come back with isError=true and structured content \
+{{"error": <machine-readable code>, "status": <HTTP-like status>, "message", \
+"details"}}, e.g. "task not created" (404: unknown workspace or not authorized), \
+invalid_external_id (400), validation_failed / unknown_reference (422)."""
+
+_UUID = {"type": "string", "format": "uuid"}
+_STRINGS = {"type": "array", "items": {"type": "string", "minLength": 1}}
+
+CREATE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "title": {"type": "string", "minLength": 1, "maxLength": 500},
+        "external_id": {
+            "type": "string",
+            "description": "your stable identity for this task: at most 255 UTF-8 bytes, "
+            "no control characters; surrounding whitespace is trimmed; empty means absent",
+        },
+        "workspace_id": _UUID | {"description": "target workspace (see resolution order)"},
+        "description": {"type": "string"},
+        "workflow": {"type": "string", "description": "default: 'default'"},
+        "workflow_step": {"type": "string", "description": "default: the workflow's first"},
+        "repositories": _STRINGS | {"description": "names of registered repositories"},
+        "attachments": _STRINGS | {"description": "uploaded attachments, 'sha256:<hex>'"},
+        "agent_profile": {"type": "string"},
+        "parent_id": _UUID | {"description": "parent task; never passes on its external_id"},
+        "start_agent": {"type": "boolean", "default": True},
+    },
+    "required": ["title"],
+    "additionalProperties": False,
+}
+
+TASK_ID_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"task_id": _UUID},
+    "required": ["task_id"],
+    "additionalProperties": False,
+}
+
+LIST_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "workspace_id": _UUID | {"description": "default: the token's or the only workspace"},
+        "after": {"type": "integer", "minimum": 0, "description": "cursor: next_cursor"},
+        "limit": {"type": "integer", "minimum": 1, "maximum": 500, "default": 50},
+        "include_archived": {"type": "boolean", "default": True},
+    },
+    "additionalProperties": False,
+}
+
+UPDATE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "task_id": _UUID,
+        "title": {"type": "string", "minLength": 1, "maxLength": 500},
+        "description": {"type": "string"},
+        "workflow_step": {"type": "string"},
+        "if_revision": {"type": "integer", "description": "fail unless the task is at it"},
+    },
+    "required": ["task_id"],
+    "additionalProperties": False,
+}
+
+TOOLS = [
+    Tool(
+        name=CREATE_TASK,
+        title="Create a task (create-if-absent by external_id)",
+        description=CREATE_DESCRIPTION,
+        input_schema=CREATE_SCHEMA,
+        annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False),
+    ),
+    Tool(
+        name=GET_TASK,
+        title="Get a task",
+        description="One task by id, read from the event store (always your own writes). "
+        "external_id is present only while the task holds one.",
+        input_schema=TASK_ID_SCHEMA,
+        annotations=ToolAnnotations(read_only_hint=True),
+    ),
+    Tool(
+        name=LIST_TASKS,
+        title="List tasks",
+        description="Tasks of a workspace, oldest first, from the read model (may lag "
+        "creates by the projection delay). Not a lookup: to make sure a task exists for "
+        "an external_id, call create_task_kandev with it; never decide from a list.",
+        input_schema=LIST_SCHEMA,
+        annotations=ToolAnnotations(read_only_hint=True),
+    ),
+    Tool(
+        name=UPDATE_TASK,
+        title="Update a task",
+        description="Change title, description or workflow_step of a task whose creation "
+        "finished. external_id is immutable: passing it is an error "
+        "(external_id_immutable).",
+        input_schema=UPDATE_SCHEMA,
+        annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False),
+    ),
+]

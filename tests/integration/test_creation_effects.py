@@ -1,0 +1,199 @@
+"""AC-TASKS-EXTERNAL-ID-001.5: required effects run as durable typed steps —
+real git branches and worktrees, attachment claims, WIP reservations, agent
+sessions and real agent processes — and an aborted creation compensates every
+one of them with proof."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+
+from kandev_es.agent.processes import processes_for_run, stop_run
+from kandev_es.api import create_app
+from kandev_es.bootstrap import bootstrap
+from kandev_es.domain.agent_session import session_id_for
+from kandev_es.domain.wip import WipLedger, wip_ledger_id
+from tests.conftest import bearer
+from tests.integration.helpers import branches, create, make_git_repository, worktrees
+
+
+@pytest.fixture
+def repo(client, workspace, member, tmp_path):
+    _, secret = member
+    path = make_git_repository(tmp_path / "backend")
+    answer = client.post(
+        f"/api/v1/workspaces/{workspace.id}/repositories",
+        json={"name": "backend", "path": str(path)},
+        headers=bearer(secret),
+    )
+    assert answer.status_code == 201, answer.json
+    return path
+
+
+@pytest.fixture
+def agents(monkeypatch):
+    """Agents launched by a test are stopped at its end, whatever happens."""
+    monkeypatch.setenv("KANDEV_DEMO_AGENT_SECONDS", "120")
+    launched: list[str] = []
+    yield launched
+    for task_id in launched:
+        stop_run(str(session_id_for(uuid.UUID(task_id))))
+
+
+def upload(client, workspace, secret, content: bytes, name: str = "spec.txt"):
+    answer = client.post(
+        f"/api/v1/workspaces/{workspace.id}/attachments",
+        query_string={"filename": name},
+        data=content,
+        headers={**bearer(secret), "Content-Type": "text/plain"},
+    )
+    assert answer.status_code == 201, answer.json
+    return answer.json
+
+
+def test_repository_step_creates_a_branch_and_worktree(client, workspace, member, repo):
+    _, secret = member
+    answer = create(client, secret, external_id="R-1", title="t", repositories=["backend"])
+    assert answer.status_code == 200, answer.json
+    assert answer.json["outcome"] == "created"
+    assert "kandev/KAN-1" in branches(repo)
+    [worktree] = worktrees(repo)
+    assert (Path(worktree) / "README.md").read_text() == "hello\n"
+    retry = create(client, secret, external_id="R-1", title="t", repositories=["backend"])
+    assert retry.json["outcome"] == "found_settled"
+    assert branches(repo).count("kandev/KAN-1") == 1 and len(worktrees(repo)) == 1
+
+
+def test_creation_handle_shows_steps_to_the_creator_only(
+    client, services, workspace, member, repo
+):
+    _, secret = member
+    created = create(client, secret, external_id="H-1", title="t", repositories=["backend"])
+    handle = created.json["creation_handle"]
+    status = client.get(f"/api/v1/creations/{handle}", headers=bearer(secret))
+    assert status.status_code == 200
+    assert status.json["phase"] == "completed"
+    [step] = status.json["steps"]
+    assert (step["name"], step["status"]) == ("repository:backend", "succeeded")
+    assert step["evidence"]["branch"] == "kandev/KAN-1"
+
+    other_secret, _ = services.tokens.issue(workspace_id=workspace.id, admin=False)
+    stranger = client.get(f"/api/v1/creations/{handle}", headers=bearer(other_secret))
+    assert stranger.status_code == 404
+    forged = handle.rsplit(".", 1)[0] + ".forged"
+    assert client.get(f"/api/v1/creations/{forged}", headers=bearer(secret)).status_code == 404
+    found = create(client, secret, external_id="H-1", title="t")
+    assert "creation_handle" not in found.json
+
+
+def test_attachment_is_claimed_by_exactly_one_task(client, services, workspace, member):
+    _, secret = member
+    attachment = upload(client, workspace, secret, b"the spec")
+    again = upload(client, workspace, secret, b"the spec")
+    assert again["id"] == attachment["id"]
+    first = create(client, secret, external_id="AT-1", title="t", attachments=[attachment["id"]])
+    assert first.status_code == 200
+    claimed = services.attachments.get(workspace.id, attachment["id"])
+    assert str(claimed.claimed_by) == first.json["id"]
+    before = services.app.max_notification_id()
+    second = create(client, secret, external_id="AT-2", title="t", attachments=[attachment["id"]])
+    assert second.status_code == 409 and second.json["error"] == "attachment_claimed"
+    assert services.app.max_notification_id() == before
+
+
+def test_wip_limit_refuses_creates_but_still_answers_found(
+    client, services, workspace, member, admin
+):
+    _, secret = member
+    _, admin_secret = admin
+    policy = client.put(
+        f"/api/v1/workspaces/{workspace.id}/policy",
+        json={"wip_limit": 1},
+        headers=bearer(admin_secret),
+    )
+    assert policy.status_code == 200
+    first = create(client, secret, external_id="W-1", title="t")
+    assert first.json["outcome"] == "created"
+    refused = create(client, secret, external_id="W-2", title="t")
+    assert refused.status_code == 409 and refused.json["error"] == "capacity_exhausted"
+    # The pre-insert re-read: a held identity is Found even at capacity.
+    assert create(client, secret, external_id="W-1", title="t").json["outcome"] == "found_settled"
+    client.post(f"/api/v1/tasks/{first.json['id']}/archive", headers=bearer(secret))
+    assert create(client, secret, external_id="W-2", title="t").json["outcome"] == "created"
+
+
+def test_start_agent_launches_one_real_process_in_the_worktree(
+    client, services, workspace, member, repo, agents
+):
+    _, secret = member
+    answer = create(
+        client, secret, external_id="AG-1", title="t", repositories=["backend"], start_agent=True
+    )
+    assert answer.status_code == 200, answer.json
+    agents.append(answer.json["id"])
+    run_id = str(session_id_for(uuid.UUID(answer.json["id"])))
+    assert len(processes_for_run(run_id)) == 1
+    [worktree] = worktrees(repo)
+    note = Path(worktree) / "KANDEV_AGENT.md"
+    for _ in range(100):
+        if note.exists():
+            break
+        __import__("time").sleep(0.05)
+    assert answer.json["id"] in note.read_text()
+    create(client, secret, external_id="AG-1", title="t", start_agent=True)
+    assert len(processes_for_run(run_id)) == 1
+
+
+def test_failed_launch_aborts_and_compensates_every_effect(
+    client, services, settings, workspace, member, admin, repo, agents
+):
+    _, secret = member
+    _, admin_secret = admin
+    client.put(
+        f"/api/v1/workspaces/{workspace.id}/policy",
+        json={"wip_limit": 5},
+        headers=bearer(admin_secret),
+    )
+    attachment = upload(client, workspace, secret, b"doomed")
+    # A server whose agent command cannot start, on the same store.
+    broken = bootstrap(settings.with_overrides(agent_command="/nonexistent/agent --go"))
+    try:
+        broken_client = create_app(services=broken, run_projections=False).test_client()
+        answer = create(
+            broken_client,
+            secret,
+            external_id="AB-1",
+            title="t",
+            repositories=["backend"],
+            attachments=[attachment["id"]],
+            start_agent=True,
+        )
+    finally:
+        broken.close()
+    assert answer.status_code == 502 and answer.json["error"] == "agent_launch_failed"
+    assert branches(repo) == ["main"]
+    assert worktrees(repo) == []
+    assert services.attachments.get(workspace.id, attachment["id"]).claimed_by is None
+    ledger = services.app.load(wip_ledger_id(workspace.id), WipLedger)
+    assert ledger is not None and ledger.reserved == []
+    lookup = client.get(
+        f"/api/v1/workspaces/{workspace.id}/tasks/by-external-id",
+        query_string={"external_id": "AB-1"},
+        headers=bearer(secret),
+    )
+    assert lookup.status_code == 404
+    # The identity is free again: a working create takes it.
+    again = create(client, secret, external_id="AB-1", title="t", repositories=["backend"])
+    assert again.json["outcome"] == "created"
+
+
+def test_repository_registration_rejects_what_is_not_a_git_repository(
+    client, workspace, member, tmp_path
+):
+    _, secret = member
+    url = f"/api/v1/workspaces/{workspace.id}/repositories"
+    for path in [str(tmp_path), "relative/path", str(tmp_path / "missing")]:
+        answer = client.post(url, json={"name": "x", "path": path}, headers=bearer(secret))
+        assert answer.status_code == 422

@@ -1,0 +1,101 @@
+"""The supervised projection loop: polling on SQLite, LISTEN/NOTIFY on
+PostgreSQL with the timed poll as fallback, and catch-up without loss or
+duplicates after its LISTEN connection is killed."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import psycopg
+import pytest
+from kandev_es.projections.wakeup import PollWaker, PostgresListener
+
+from tests.conftest import postgres_admin_url
+from tests.integration.helpers import create
+
+
+def _feed_rows(services):
+    with services.database.transaction() as tx:
+        return tx.execute("SELECT position, event_id, subject FROM feed_events ORDER BY position")
+
+
+def _activated_positions(services):
+    return [
+        n.id
+        for n in services.app.recorder.select_notifications(start=1, limit=1_000_000)
+        if n.topic.endswith("Task.Activated")
+    ]
+
+
+def _wait_until(predicate, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+def test_background_runner_catches_up_by_itself(client, services, member):
+    _, secret = member
+    thread = services.projections.start_thread(poll_seconds=0.05)
+    try:
+        for i in range(5):
+            create(client, secret, external_id=f"B-{i}", title=f"t{i}")
+        assert _wait_until(lambda: len(_feed_rows(services)) == 5, 10)
+        assert _wait_until(lambda: set(services.projections.lag().values()) == {0}, 10)
+    finally:
+        services.projections.stop()
+        thread.join(5)
+    expected = PostgresListener if services.database.backend == "postgres" else PollWaker
+    assert isinstance(services.projections.waker, expected)
+
+
+@pytest.mark.postgres_only
+def test_killed_listen_connection_loses_and_duplicates_nothing(client, services, member):
+    _, secret = member
+    runner = services.projections
+    # A poll this long means only NOTIFY (or a reconnect pass) can wake the
+    # runner within the test's deadlines.
+    thread = runner.start_thread(poll_seconds=60)
+    created: list[str] = []
+    try:
+        assert _wait_until(lambda: getattr(runner.waker, "backend_pid", None) is not None, 10)
+
+        kills: list[int] = []
+
+        def kill_listener(admin) -> None:
+            pid = runner.waker.backend_pid
+            if admin.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone()[0]:
+                kills.append(pid)
+            _wait_until(lambda: runner.waker.backend_pid not in (None, pid), 10)
+
+        def creates() -> None:
+            with psycopg.connect(postgres_admin_url(), autocommit=True) as admin:
+                for i in range(40):
+                    if i % 10 == 5:
+                        kill_listener(admin)
+                    answer = create(client, secret, external_id=f"K-{i}", title=f"k{i}")
+                    assert answer.json["outcome"] == "created"
+                    created.append(answer.json["id"])
+
+        writer = threading.Thread(target=creates)
+        writer.start()
+        writer.join(60)
+        assert len(kills) == 4
+        assert len(created) == 40
+        assert _wait_until(lambda: len(_feed_rows(services)) == 40, 20)
+        assert runner.waker.connects == 5
+
+        # After the reconnects a NOTIFY still wakes the runner promptly.
+        late = create(client, secret, external_id="K-late", title="late").json
+        assert _wait_until(lambda: len(_feed_rows(services)) == 41, 5)
+    finally:
+        runner.stop()
+        thread.join(5)
+    rows = _feed_rows(services)
+    assert [str(subject) for _, _, subject in rows] == [*created, late["id"]]
+    assert len({event_id for _, event_id, _ in rows}) == len(rows) == 41
+    assert [position for position, _, _ in rows] == _activated_positions(services)
+    assert set(runner.lag().values()) == {0}

@@ -1,0 +1,29 @@
+"""Run one create in this process with a failpoint armed; the process is
+expected to SIGKILL itself at that boundary. Used by recovery tests.
+
+usage: python -m tests.support.crashing_create SETTINGS_JSON SECRET BODY_JSON
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from kandev_es.bootstrap import bootstrap
+from kandev_es.config import Settings
+
+
+def main() -> int:
+    raw = json.loads(sys.argv[1])
+    raw["data_dir"] = Path(raw["data_dir"])
+    settings = Settings(**raw)
+    services = bootstrap(settings)
+    principal = services.tokens.authenticate(sys.argv[2])
+    result = services.creation.create(principal, json.loads(sys.argv[3]))
+    print(json.dumps(result.to_response()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
