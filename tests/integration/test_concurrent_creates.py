@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import multiprocessing
 import threading
+import uuid
 from typing import Any
 
 import pytest
 
+from kandev_es.agent.processes import processes_for_run, stop_run
+from kandev_es.domain.agent_session import session_id_for
 from tests.integration.concurrency_worker import create_once
 from tests.integration.helpers import task_created_count
 
@@ -37,14 +40,10 @@ def _assert_exactly_one_winner(results: list[tuple[str, str, str]], services: An
     assert task_created_count(services) == 1
 
 
-@pytest.mark.postgres_only
-def test_32_processes_creating_one_external_id_make_one_task(settings, services, member):
-    _, secret = member
-    before = services.app.max_notification_id()
+def _storm(settings: Any, secret: str, body: dict[str, Any]) -> list[tuple[str, str, str]]:
     context = multiprocessing.get_context("spawn")
     barrier = context.Barrier(CONTENDERS)
     out = context.Queue()
-    body = {"external_id": "STORM-1", "title": "storm"}
     processes = [
         context.Process(target=create_once, args=(settings, secret, body, barrier, out))
         for _ in range(CONTENDERS)
@@ -58,9 +57,35 @@ def test_32_processes_creating_one_external_id_make_one_task(settings, services,
             process.join(timeout=30)
             if process.is_alive():
                 process.kill()
+    return results
+
+
+@pytest.mark.postgres_only
+def test_32_processes_creating_one_external_id_make_one_task(settings, services, member):
+    _, secret = member
+    before = services.app.max_notification_id()
+    results = _storm(settings, secret, {"external_id": "STORM-1", "title": "storm"})
     _assert_exactly_one_winner(results, services)
     # Losers may have burnt an office number (the one permitted leak) — nothing else.
     assert _events_after(services, before) == EVENTS_OF_ONE_CREATION
+
+
+@pytest.mark.postgres_only
+def test_32_process_storm_with_start_agent_launches_exactly_one_agent(
+    settings, services, member, monkeypatch
+):
+    _, secret = member
+    monkeypatch.setenv("KANDEV_DEMO_AGENT_SECONDS", "60")
+    body = {"external_id": "STORM-AGENT", "title": "storm", "start_agent": True}
+    results = _storm(settings, secret, body)
+    task_id = results[0][1]
+    run_id = str(session_id_for(uuid.UUID(task_id))) if results[0][0] != "error" else ""
+    try:
+        _assert_exactly_one_winner(results, services)
+        assert len(processes_for_run(run_id)) == 1
+    finally:
+        if run_id:
+            stop_run(run_id)
 
 
 def test_32_threads_creating_one_external_id_make_one_task(services, member):
