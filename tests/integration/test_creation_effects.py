@@ -66,9 +66,7 @@ def test_repository_step_creates_a_branch_and_worktree(client, workspace, member
     assert branches(repo).count("kandev/KAN-1") == 1 and len(worktrees(repo)) == 1
 
 
-def test_creation_handle_shows_steps_to_the_creator_only(
-    client, services, workspace, member, repo
-):
+def test_creation_handle_shows_steps_to_the_creator_only(client, services, workspace, member, repo):
     _, secret = member
     created = create(client, secret, external_id="H-1", title="t", repositories=["backend"])
     handle = created.json["creation_handle"]
@@ -197,3 +195,51 @@ def test_repository_registration_rejects_what_is_not_a_git_repository(
     for path in [str(tmp_path), "relative/path", str(tmp_path / "missing")]:
         answer = client.post(url, json={"name": "x", "path": path}, headers=bearer(secret))
         assert answer.status_code == 422
+
+
+def test_agent_launch_compensation_stops_the_process_with_proof(services, settings, agents):
+    from kandev_es.creation.steps.agent_launch import AgentLaunchStep
+    from kandev_es.creation.steps.base import StepContext
+
+    task_id = uuid.uuid4()
+    agents.append(str(task_id))
+    workspace = services.workspaces.open("agents")
+    ctx = StepContext(
+        services.app,
+        settings,
+        uuid.uuid4(),
+        1,
+        task_id,
+        {"workspace_id": str(workspace.id), "repositories": []},
+    )
+    step = AgentLaunchStep()
+    evidence = step.run(ctx)
+    assert evidence["pid"] in processes_for_run(evidence["run_id"])
+    assert Path(evidence["log"]).exists()
+    assert step.run(ctx) == evidence, "a second run is the same launch, not a second agent"
+    assert step.reconcile(ctx) == evidence
+    step.compensate(ctx)
+    assert step.absent(ctx)
+    assert processes_for_run(evidence["run_id"]) == []
+    assert step.reconcile(ctx) is None
+
+
+def test_once_completing_a_creation_can_no_longer_abort():
+    from datetime import UTC, datetime
+
+    from kandev_es.domain.errors import DomainRuleBroken
+    from kandev_es.domain.identity import Identity
+
+    identity = Identity.register(uuid.uuid4(), uuid.uuid4(), "X")
+    identity.claim(
+        task_id=uuid.uuid4(),
+        owner_id="o",
+        actor="a",
+        plan={},
+        plan_hash="h",
+        lease_expires_at=datetime.now(UTC),
+    )
+    identity.begin_completing(1)
+    with pytest.raises(DomainRuleBroken):
+        identity.begin_aborting(1, "late failure")
+    assert identity.complete(1) == "created"
