@@ -36,6 +36,7 @@ class ProjectionRunner:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self.waker: Waker | None = None
+        self.failures: dict[str, Exception] = {}
 
     def get(self, name: str) -> Projection:
         for projection in self.projections:
@@ -52,13 +53,28 @@ class ProjectionRunner:
         head = self.app.max_notification_id()
         return {p.name: max(head - self.position(p.name), 0) for p in self.projections}
 
-    def run_once(self) -> int:
-        """Apply one batch to every projection; return how many events were read."""
+    def run_once(self, raise_errors: bool = True) -> int:
+        """Apply one batch to every projection; return how many events were read.
+        A failing projection never holds the others back: each gets its pass,
+        and the failures are raised (or kept in ``failures``) afterwards."""
         read = 0
+        failures: dict[str, Exception] = {}
         with self._lock:
             for projection in self.projections:
-                with self.database.transaction() as tx:
-                    read += self.apply_pending(tx, projection, projection.name, self._batch_size)
+                try:
+                    with self.database.transaction() as tx:
+                        read += self.apply_pending(
+                            tx, projection, projection.name, self._batch_size
+                        )
+                except Exception as error:
+                    failures[projection.name] = error
+        for name in set(self.failures) - set(failures):
+            log.info("projection %s recovered", name)
+        for name in set(failures) - set(self.failures):
+            log.warning("projection %s failed (%s); retrying", name, failures[name])
+        self.failures = failures
+        if failures and raise_errors:
+            raise next(iter(failures.values()))
         return read
 
     def catch_up(self) -> None:
@@ -112,20 +128,15 @@ class ProjectionRunner:
 
     def run_forever(self, poll_seconds: float) -> None:
         self.waker = make_waker(self.app, self.database)
-        failures = 0
+        streak = 0
         try:
             while not self._stop.is_set():
-                try:
-                    read = self.run_once()
-                except Exception as error:  # keep the loop alive; the next pass retries
-                    if failures == 0:
-                        log.warning("projection pass failed (%s); retrying", error)
-                    failures += 1
-                    self._stop.wait(min(poll_seconds * 2**failures, MAX_BACKOFF_SECONDS))
+                read = self.run_once(raise_errors=False)
+                if self.failures and len(self.failures) == len(self.projections):
+                    streak += 1  # nothing works (the database is gone?): back off
+                    self._stop.wait(min(poll_seconds * 2**streak, MAX_BACKOFF_SECONDS))
                     continue
-                if failures:
-                    log.info("projections recovered after %d failed passes", failures)
-                    failures = 0
+                streak = 0
                 if not read:
                     self.waker.wait(poll_seconds, self._stop)
         finally:

@@ -17,8 +17,10 @@ from kandev_es.projections.tasks import TasksProjection
 from kandev_es.services.attachments import AttachmentService
 from kandev_es.services.auth import TokenService
 from kandev_es.services.creations import CreationStatusService
+from kandev_es.services.release import ReleaseService
 from kandev_es.services.repositories import RepositoryService
 from kandev_es.services.tasks import TaskService
+from kandev_es.services.workspace_deletion import WorkspaceDeletionService
 from kandev_es.services.workspaces import WorkspaceService
 from kandev_es.storage.attestation import AttestationGuard
 from kandev_es.storage.database import (
@@ -47,6 +49,8 @@ class Services:
     repositories: RepositoryService
     attachments: AttachmentService
     creation_status: CreationStatusService
+    release: ReleaseService
+    workspace_deletion: WorkspaceDeletionService
 
     def close(self) -> None:
         self.projections.stop()
@@ -109,4 +113,6 @@ def bootstrap(settings: Settings) -> Services:
         repositories=RepositoryService(app),
         attachments=AttachmentService(app, settings),
         creation_status=CreationStatusService(app),
+        release=ReleaseService(app, attestation),
+        workspace_deletion=WorkspaceDeletionService(app, database, projections, settings),
     )

@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from kandev_es.bootstrap import Services, bootstrap, init_storage
+from kandev_es.cli_ops import register as register_ops
 from kandev_es.config import Settings, load_settings
 from kandev_es.errors import KandevError
 
@@ -123,6 +124,31 @@ def projections_run(once: bool) -> None:
 
 
 @main.command()
+@click.option("--workspace", "workspace_id", required=True, help="workspace id")
+@click.option("--external-id", required=True)
+@click.option("--operation-id", required=True, help="stable id: a replay returns the same result")
+def release(workspace_id: str, external_id: str, operation_id: str) -> None:
+    """Operator release: free an identity without deleting its task.
+
+    A manual decision for an abandoned task, never an automatic recovery step:
+    releasing an identity another create is still using re-opens duplicates."""
+    services = _open(create_tables=False)
+    try:
+        try:
+            target = uuid.UUID(workspace_id)
+        except ValueError:
+            raise click.BadParameter("not a UUID", param_hint="--workspace") from None
+        result = services.release.release(target, external_id, operation_id)
+        _emit({"status": result.status, "replayed": result.replayed, **result.body})
+        if result.status != 200:
+            sys.exit(1)
+    except KandevError as error:
+        raise click.ClickException(f"{error.code}: {error.message}") from None
+    finally:
+        services.close()
+
+
+@main.command()
 @click.option("--once", is_flag=True, help="one recovery scan, then exit")
 @click.option("--poll", default=1.0, show_default=True, help="seconds between scans")
 def runtime(once: bool, poll: float) -> None:
@@ -187,6 +213,9 @@ def mcp_server(over_http: bool, host: str, port: int) -> None:
     finally:
         services.close()
 
+
+# projections rebuild, identity history, audit verify (operator/auditor tools)
+register_ops(main, projections)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

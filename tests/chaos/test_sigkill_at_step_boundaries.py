@@ -18,7 +18,6 @@ from kandev_es.agent.processes import processes_for_run, stop_run
 from kandev_es.bootstrap import bootstrap
 from kandev_es.domain.agent_session import session_id_for
 from kandev_es.domain.wip import WipLedger, wip_ledger_id
-
 from tests.integration.helpers import branches, make_git_repository, worktrees
 from tests.support.served import ServedProcess, http, run_cli
 

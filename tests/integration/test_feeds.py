@@ -277,3 +277,20 @@ def test_sse_stream_delivers_events_that_arrive_while_open(client, services, wor
     answer = client.get(url, query_string={"max_seconds": 2}, headers=bearer(secret))
     worker.join()
     assert [e["data"]["data"]["title"] for e in _sse(answer.get_data(as_text=True))] == ["late"]
+
+
+def test_release_route_and_its_replay_emit_exactly_one_task_updated(
+    client, services, workspace, member
+):
+    """AC-TASKS-EXTERNAL-ID-001.6: one immutable task.updated per release operation."""
+    _, secret = member
+    task = create(client, secret, external_id="REL-1", title="t").json
+    url = f"/api/v1/workspaces/{workspace.id}/tasks/by-external-id"
+    headers = {**bearer(secret), "Idempotency-Key": "op-rel-1"}
+    for _ in range(2):  # the second is a replay of the same operation
+        answer = client.delete(url, query_string={"external_id": "REL-1"}, headers=headers)
+        assert answer.status_code == 200, answer.json
+    items = feed(client, services, workspace, secret)["items"]
+    assert [e["type"] for e in items] == ["task.created", "task.updated"]
+    assert items[1]["subject"] == task["id"] and "external_id" not in items[1]["data"]
+    assert items[1]["data"]["revision"] == 2

@@ -99,3 +99,71 @@ def test_killed_listen_connection_loses_and_duplicates_nothing(client, services,
     assert len({event_id for _, event_id, _ in rows}) == len(rows) == 41
     assert [position for position, _, _ in rows] == _activated_positions(services)
     assert set(runner.lag().values()) == {0}
+
+
+class _Poisoned:
+    name = "poisoned"
+
+    def apply(self, tx, event, position, backend):
+        raise RuntimeError("bad projection")
+
+
+def test_a_failing_projection_does_not_hold_back_the_others(client, services, member):
+    from kandev_es.projections.feeds import FeedsProjection
+    from kandev_es.projections.runner import ProjectionRunner
+
+    _, secret = member
+    create(client, secret, external_id="P-1", title="t")
+    runner = ProjectionRunner(services.app, services.database, [_Poisoned(), FeedsProjection()])
+    runner.run_once(raise_errors=False)
+    assert set(runner.failures) == {"poisoned"}
+    assert len(_feed_rows(services)) == 1
+    assert runner.lag()["feeds"] == 0 and runner.lag()["poisoned"] > 0
+    with pytest.raises(RuntimeError, match="bad projection"):
+        runner.catch_up()
+
+
+@pytest.mark.postgres_only
+def test_runner_catches_up_after_the_database_restarts_under_load(tmp_path, backend):
+    """A private cluster, restarted while creates are flowing: the runner
+    reconnects and every completed creation reaches the feed exactly once."""
+    from kandev_es.api import create_app
+    from kandev_es.bootstrap import bootstrap
+    from kandev_es.config import Settings
+    from tests.support.postgres import start_cluster
+
+    cluster = start_cluster(tmp_path / "pg")
+    services = bootstrap(Settings(data_dir=tmp_path / "data", database_url=cluster.url))
+    try:
+        workspace = services.workspaces.open("restart")
+        secret, _ = services.tokens.issue(workspace_id=workspace.id, admin=False)
+        client = create_app(services=services, run_projections=False).test_client()
+        thread = services.projections.start_thread(poll_seconds=0.2)
+        ids: set[str] = set()
+
+        def create_until_answered(i: int) -> None:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                answer = create(client, secret, external_id=f"RS-{i}", title=f"r{i}")
+                if answer.status_code == 200:
+                    ids.add(answer.json["id"])
+                    return
+                time.sleep(0.1)
+            raise AssertionError(f"create RS-{i} never answered")
+
+        for i in range(10):
+            create_until_answered(i)
+        cluster.restart()
+        for i in range(10, 25):
+            create_until_answered(i)
+        try:
+            assert _wait_until(lambda: len(_feed_rows(services)) == 25, 30)
+        finally:
+            services.projections.stop()
+            thread.join(5)
+        rows = _feed_rows(services)
+        assert {str(subject) for _, _, subject in rows} == ids and len(ids) == 25
+        assert [position for position, _, _ in rows] == _activated_positions(services)
+    finally:
+        services.close()
+        cluster.stop()

@@ -61,6 +61,13 @@ class CreateTaskResponseSchema(TaskSchema):
     )
 
 
+class ReleaseResponseSchema(TaskSchema):
+    released = fields.Boolean(required=True)
+    operation_id = fields.String(required=True)
+    released_external_id = fields.String(required=True)
+    creation_complete = fields.Boolean(required=True)
+
+
 class LookupResponseSchema(TaskSchema):
     creation_complete = fields.Boolean(required=True)
 
@@ -88,6 +95,12 @@ class WorkspaceSchema(Schema):
     name = fields.String(required=True)
     task_prefix = fields.String(required=True)
     workflows = fields.Dict(keys=fields.String(), values=fields.List(fields.String()))
+
+
+class WorkspaceDeletionSchema(Schema):
+    workspace_id = fields.UUID(required=True)
+    deletion_generation = fields.Integer(required=True)
+    tasks_removed = fields.Integer(required=True)
 
 
 class WorkspaceCreateSchema(Schema):

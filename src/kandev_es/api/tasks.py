@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from flask import request
+from flask import jsonify, request
 from flask.views import MethodView
 from flask_smorest import Blueprint
 
@@ -72,6 +72,37 @@ class TaskLookup(MethodView):
         body = dict(found.task)
         body["creation_complete"] = found.outcome.creation_complete
         return body
+
+    @blp.doc(
+        summary=(
+            "Operator release of an identity by stable operation id. A manual action: "
+            "never an automatic recovery for creation_complete=false."
+        ),
+        parameters=[
+            {"name": "external_id", "in": "query", "required": True, "schema": {"type": "string"}},
+            {
+                "name": "Idempotency-Key",
+                "in": "header",
+                "required": True,
+                "schema": {"type": "string"},
+                "description": "the stable release operation id",
+            },
+        ],
+    )
+    @blp.response(200, schemas.ReleaseResponseSchema)
+    @_document_errors(400, 404, 422, 503)
+    def delete(self, workspace_id: str) -> Any:
+        workspace = path_uuid(workspace_id, "workspace id")
+        who = principal()
+        if who is None or not who.may_act_on(workspace):
+            raise TaskNotFound("task not found")
+        result = services().release.release(
+            workspace, request.args.get("external_id"), request.headers.get("Idempotency-Key")
+        )
+        headers = {"Idempotent-Replayed": "true" if result.replayed else "false"}
+        if result.status != 200:
+            return jsonify(result.body), result.status, headers
+        return result.body, 200, headers
 
 
 @blp.route("/workspaces/<workspace_id>/tasks")

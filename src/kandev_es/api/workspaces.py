@@ -62,6 +62,13 @@ class WorkspaceItem(MethodView):
         return workspace_dto(workspace)
 
 
+    @blp.doc(summary="Delete a workspace (admin): fences creations, frees every identity")
+    @blp.response(200, schemas.WorkspaceDeletionSchema)
+    def delete(self, workspace_id: str) -> dict[str, Any]:
+        _admin()
+        return services().workspace_deletion.delete(path_uuid(workspace_id, "workspace id"))
+
+
 @blp.route("/tokens")
 class TokenCollection(MethodView):
     @blp.doc(

@@ -34,6 +34,7 @@ from kandev_es.domain.identity import (
     Tenure,
 )
 from kandev_es.domain.task import Task
+from kandev_es.domain.workspace import Workspace
 from kandev_es.errors import KandevError, Unavailable
 
 log = logging.getLogger("kandev_es.creation")
@@ -46,6 +47,14 @@ class Fenced(Exception):
 
 class CreationHandedOver(Unavailable):
     code = "creation_handed_over"
+
+
+class WorkspaceDeleted(KandevError):
+    status = 404
+    code = "task not created"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"error": "task not created"}
 
 
 class EffectUnproven(KandevError):
@@ -110,6 +119,12 @@ class CreationDriver:
 
     def _prepare(self, identity: Identity, tenure: Tenure, ctx: StepContext) -> KandevError | None:
         number = tenure.number
+        workspace = self._app.load(ctx.workspace_id, Workspace)
+        if workspace is None or workspace.deleted:
+            # Never complete into a deleted workspace: abort and compensate.
+            identity.begin_aborting(number, "workspace_deleted")
+            self._app.save_atomically(identity)
+            return WorkspaceDeleted("the workspace was deleted during creation")
         steps = steps_for(tenure.plan)
         for step in steps:
             status = tenure.steps.get(step.name, {}).get("status")

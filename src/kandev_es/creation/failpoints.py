@@ -1,16 +1,23 @@
 """Crash-test failpoints: ``KANDEV_FAILPOINT=<step>:<before|after>`` makes this
 process SIGKILL itself the first time it reaches that boundary. One-shot (a
-marker file under the data dir), so the restarted server gets past it."""
+marker file under the data dir), so the restarted server gets past it.
+``<step>:<side>@wait`` instead pauses there until ``<boundary>.continue``
+appears under failpoints/ (a slow owner, for release/deletion races)."""
 
 from __future__ import annotations
 
 import os
 import signal
+import time
+from pathlib import Path
 
 from kandev_es.config import Settings, data_path
 
 
 def hit(settings: Settings, boundary: str) -> None:
+    if settings.failpoint == f"{boundary}@wait":
+        _wait(settings, boundary)
+        return
     if settings.failpoint != boundary:
         return
     marker = data_path(settings, "failpoints", boundary.replace(":", "_") + ".fired")
@@ -21,3 +28,17 @@ def hit(settings: Settings, boundary: str) -> None:
         return
     os.close(fd)
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def marker_dir(settings: Settings) -> Path:
+    return data_path(settings, "failpoints")
+
+
+def _wait(settings: Settings, boundary: str, limit_seconds: float = 120.0) -> None:
+    name = boundary.replace(":", "_")
+    directory = marker_dir(settings)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / f"{name}.waiting").touch()
+    deadline = time.monotonic() + limit_seconds
+    while time.monotonic() < deadline and not (directory / f"{name}.continue").exists():
+        time.sleep(0.02)

@@ -81,3 +81,18 @@ class Workspace(Aggregate):
 
         def apply(self, aggregate: Workspace) -> None:
             aggregate.wip_limit = self.wip_limit
+
+    def delete(self) -> int:
+        """Mark deleted; the new deletion generation fences every creation in it."""
+        if self.deleted:
+            raise DomainRuleBroken("workspace is already deleted")
+        generation = self.deletion_generation + 1
+        self.trigger_event(self.Deleted, generation=generation)
+        return generation
+
+    class Deleted(Aggregate.Event):
+        generation: int
+
+        def apply(self, aggregate: Workspace) -> None:
+            aggregate.deleted = True
+            aggregate.deletion_generation = self.generation

@@ -1,0 +1,154 @@
+"""Operator and auditor commands: ``projections rebuild``, ``identity
+history`` and ``audit verify``. Registered on the ``kandev-es`` group by cli.py."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    Task,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.text import Text
+
+from kandev_es.bootstrap import Services, bootstrap
+from kandev_es.config import load_settings
+from kandev_es.errors import KandevError
+
+
+def _open(create_tables: bool) -> Services:
+    return bootstrap(load_settings().with_overrides(create_tables=create_tables))
+
+
+class RateColumn(ProgressColumn):
+    def render(self, task: Task) -> Text:
+        speed = task.finished_speed or task.speed
+        return Text(f"{speed:,.0f} events/s" if speed else "- events/s", style="cyan")
+
+
+@click.command("rebuild")
+@click.option("--name", "names", multiple=True, help="projection to rebuild (repeatable)")
+@click.option("--batch-size", default=5000, show_default=True, help="events per transaction")
+def projections_rebuild(names: tuple[str, ...], batch_size: int) -> None:
+    """Rebuild read models into fresh tables and swap them in atomically."""
+    from kandev_es.projections.base import Rebuildable
+    from kandev_es.projections.rebuild import rebuild, rebuildable
+
+    services = _open(create_tables=True)  # tables a new version added must exist first
+    runner = services.projections
+    console = Console(stderr=True)
+    try:
+        chosen = list(names) or [
+            p.name for p in runner.projections if isinstance(p, Rebuildable) and p.tables
+        ]
+        for name in chosen:
+            rebuildable(runner, name)  # every name checked before anything is rebuilt
+        for name in chosen:
+            with Progress(
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                RateColumn(),
+                TimeElapsedColumn(),
+                TextColumn("ETA"),
+                TimeRemainingColumn(),
+                console=console,
+            ) as bar:
+                task = bar.add_task(name, total=None)
+
+                def show(position: int, head: int, applied: int, task: Any = task) -> None:
+                    bar.update(task, completed=position, total=head)
+
+                result = rebuild(runner, name, progress=show, batch_size=batch_size)
+            click.echo(
+                f"rebuilt {name}: {result.position} events scanned, {result.applied} applied"
+                f" in {result.seconds:.2f}s ({result.events_per_second:,.0f} events/s)"
+            )
+    except KandevError as error:
+        raise click.ClickException(error.message) from None
+    finally:
+        services.close()
+
+
+def _workspace_id(services: Services, value: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        workspace = services.workspaces.get_by_name(value)
+        if workspace is None:
+            raise click.BadParameter(f"no workspace {value!r}", param_hint="--workspace") from None
+        return workspace.id
+
+
+@click.command("history")
+@click.option("--workspace", "workspace", required=True, help="workspace id or name")
+@click.option("--external-id", "external_id", required=True)
+@click.option("--json", "as_json", is_flag=True, help="print the history as JSON")
+def identity_history_command(workspace: str, external_id: str, as_json: bool) -> None:
+    """Print an identity's whole stream across tenures as a timeline."""
+    from kandev_es.domain.external_id import normalize_external_id
+    from kandev_es.services.history import identity_history, render_timeline
+
+    services = _open(create_tables=False)
+    try:
+        target = _workspace_id(services, workspace)
+        normalized = normalize_external_id(external_id)
+        if normalized is None:
+            raise click.BadParameter("must not be empty", param_hint="--external-id")
+        history = identity_history(services.app, target, normalized)
+        if as_json:
+            click.echo(json.dumps(history, indent=2))
+        else:
+            click.echo("\n".join(render_timeline(history)))
+    except KandevError as error:
+        raise click.ClickException(error.message) from None
+    finally:
+        services.close()
+
+
+@click.command("verify")
+@click.option("--json", "as_json", is_flag=True, help="print the report as JSON")
+def audit_verify(as_json: bool) -> None:
+    """Replay every Task stream and compare with tasks_view; exit 1 on any disagreement."""
+    from kandev_es.services.audit import verify_tasks
+
+    services = _open(create_tables=False)
+    try:
+        report = verify_tasks(services.app, services.database)
+    except KandevError as error:
+        raise click.ClickException(error.message) from None
+    finally:
+        services.close()
+    if as_json:
+        click.echo(json.dumps(report.to_dict(), indent=2, default=str))
+    else:
+        click.echo(
+            f"audited {report.streams} task streams up to position {report.position}"
+            f" against {report.rows} tasks_view rows: "
+            + ("OK" if report.ok else f"{len(report.disagreements)} disagreement(s)")
+        )
+        for item in report.disagreements:
+            detail = f" {json.dumps(item.detail, default=str)}" if item.detail else ""
+            click.echo(f"  task {item.task_id}: {item.problem}{detail}")
+    if not report.ok:
+        raise SystemExit(1)
+
+
+def register(main: click.Group, projections: click.Group) -> None:
+    projections.add_command(projections_rebuild)
+    identity = click.Group("identity", help="Identity streams (auditors).")
+    identity.add_command(identity_history_command)
+    audit = click.Group("audit", help="Read-model audits.")
+    audit.add_command(audit_verify)
+    main.add_command(identity)
+    main.add_command(audit)

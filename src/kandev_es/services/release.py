@@ -1,0 +1,123 @@
+"""Operator release by stable operation id (AC-6, AC-7). A manual action, never
+an automatic recovery: a caller that saw creation_complete=false must not
+release and recreate."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from kandev_es.application import Tasks, VersionConflict
+from kandev_es.domain.external_id import identity_id, normalize_external_id
+from kandev_es.domain.identity import COMPLETED, PREPARING, Identity
+from kandev_es.domain.release import ReleaseOperation, release_operation_id
+from kandev_es.domain.task import Task
+from kandev_es.errors import BadRequest, Conflict, InvalidExternalId, ValidationFailed
+from kandev_es.storage.attestation import AttestationGuard
+from kandev_es.views import task_dto
+
+OPERATION_ID = re.compile(r"^[\x21-\x7e]{1,200}$")
+ATTEMPTS = 16
+
+
+class MissingOperationId(BadRequest):
+    code = "idempotency_key_required"
+
+
+class OperationIdReused(ValidationFailed):
+    code = "operation_id_reused"
+
+
+class ReleaseConflict(Conflict):
+    """The creation is in phase B (completing/aborting): release must wait."""
+
+    code = "release_conflict"
+
+
+@dataclass(frozen=True)
+class ReleaseResult:
+    status: int
+    body: dict[str, Any]
+    replayed: bool
+
+
+def validate_operation_id(raw: str | None) -> str:
+    if raw is None or raw == "":
+        raise MissingOperationId("Idempotency-Key (the release operation id) is required")
+    if not OPERATION_ID.match(raw):
+        raise MissingOperationId("Idempotency-Key must be 1-200 printable ASCII characters")
+    return raw
+
+
+class ReleaseService:
+    def __init__(self, app: Tasks, attestation: AttestationGuard) -> None:
+        self._app = app
+        self._attestation = attestation
+
+    def release(
+        self, workspace_id: uuid.UUID, raw_external_id: object, raw_operation_id: str | None
+    ) -> ReleaseResult:
+        operation_id = validate_operation_id(raw_operation_id)
+        external_id = normalize_external_id(raw_external_id)
+        if external_id is None:
+            raise InvalidExternalId("external_id query parameter is required", reason="missing")
+        self._attestation.require()
+        for _ in range(ATTEMPTS):
+            stored = self._app.load(
+                release_operation_id(workspace_id, operation_id), ReleaseOperation
+            )
+            if stored is not None:
+                return self._replay(stored, external_id)
+            try:
+                return self._first_attempt(workspace_id, external_id, operation_id)
+            except VersionConflict:
+                continue  # a concurrent replay or create: read again, replay first
+        raise Conflict("release is contended; retry with the same Idempotency-Key")
+
+    @staticmethod
+    def _replay(stored: ReleaseOperation, external_id: str) -> ReleaseResult:
+        if stored.external_id != external_id:
+            raise OperationIdReused(
+                "this operation id was used to release another identity",
+                operation_id=stored.operation_id,
+            )
+        return ReleaseResult(stored.status, dict(stored.result), replayed=True)
+
+    def _first_attempt(
+        self, workspace_id: uuid.UUID, external_id: str, operation_id: str
+    ) -> ReleaseResult:
+        identity = self._app.load(identity_id(workspace_id, external_id), Identity)
+        holder = identity.holder if identity else None
+        if identity is None or holder is None:
+            # Stored too: a replay must answer the same even once someone holds it.
+            body: dict[str, Any] = {"error": "task not found"}
+            self._app.save_atomically(
+                ReleaseOperation.record(workspace_id, operation_id, external_id, 404, body)
+            )
+            return ReleaseResult(404, body, replayed=False)
+        if holder.phase not in (PREPARING, COMPLETED):
+            raise ReleaseConflict(
+                f"the creation is {holder.phase}; release after it settles", phase=holder.phase
+            )
+        task = self._app.load(holder.task_id, Task)
+        assert task is not None
+        identity.release(holder.number, operation_id, "operator")
+        changed: list[Any] = [identity]
+        if holder.phase == COMPLETED:
+            # One immutable task.updated comes from this event (revision + 1).
+            task.clear_external_id(operation_id, "operator")
+            changed.append(task)
+        # A preparing task publishes nothing now; its Complete drops the ID (AC-7).
+        body = {
+            **task_dto(task),
+            "released": True,
+            "operation_id": operation_id,
+            "released_external_id": external_id,
+            "creation_complete": holder.phase == COMPLETED,
+        }
+        body.pop("external_id", None)
+        operation = ReleaseOperation.record(workspace_id, operation_id, external_id, 200, body)
+        self._app.save_atomically(*changed, operation)
+        return ReleaseResult(200, body, replayed=False)

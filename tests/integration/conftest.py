@@ -1,0 +1,32 @@
+"""Fixtures shared by integration tests."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from kandev_es.bootstrap import bootstrap
+from kandev_es.config import data_path
+
+
+@pytest.fixture
+def paused_owner(settings, tmp_path):
+    """A second server process-alike whose creations pause before their first
+    effect step, until the test lets them go: a slow but live owner."""
+    slow = bootstrap(settings.with_overrides(failpoint="policy:before@wait", lease_seconds=120))
+    markers = data_path(slow.settings, "failpoints")
+
+    def wait_until_paused() -> None:
+        deadline = time.monotonic() + 30
+        while not (markers / "policy_before.waiting").exists():
+            assert time.monotonic() < deadline, "owner never reached the pause"
+            time.sleep(0.02)
+
+    def resume() -> None:
+        markers.mkdir(parents=True, exist_ok=True)
+        (markers / "policy_before.continue").touch()
+
+    yield slow, wait_until_paused, resume
+    resume()
+    slow.close()

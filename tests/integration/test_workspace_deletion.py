@@ -1,0 +1,104 @@
+"""AC-TASKS-EXTERNAL-ID-001.6, workspace deletion: creations in flight are
+fenced, identities are released with reason workspace_deleted and the
+deletion generation before the live task rows go; a fenced creation that
+wakes up cannot complete into the deleted workspace; identity streams stay."""
+
+from __future__ import annotations
+
+import threading
+
+from kandev_es.domain.external_id import identity_id
+from kandev_es.domain.identity import Identity
+from tests.conftest import bearer
+from tests.integration.helpers import branches, create, make_git_repository, worktrees
+
+
+def delete_workspace(client, workspace, secret):
+    return client.delete(f"/api/v1/workspaces/{workspace.id}", headers=bearer(secret))
+
+
+def test_deletion_is_admin_only(client, services, workspace, member):
+    _, secret = member
+    create(client, secret, external_id="WD-0", title="t")
+    assert delete_workspace(client, workspace, secret).status_code == 404
+    assert services.workspaces.get(workspace.id) is not None
+
+
+def test_deleting_a_workspace_clears_identities_then_removes_tasks(
+    client, services, workspace, member, admin
+):
+    _, secret = member
+    _, admin_secret = admin
+    held = create(client, secret, external_id="WD-1", title="t").json
+    anonymous = create(client, secret, title="no id").json
+
+    answer = delete_workspace(client, workspace, admin_secret)
+    assert answer.status_code == 200
+    assert answer.json["deletion_generation"] == 1 and answer.json["tasks_removed"] == 2
+
+    for task in (held, anonymous):
+        assert (
+            client.get(f"/api/v1/tasks/{task['id']}", headers=bearer(admin_secret)).status_code
+            == 404
+        )
+    identity = services.app.load(identity_id(workspace.id, "WD-1"), Identity)
+    assert identity is not None and identity.holder is None
+    released = [
+        e
+        for e in services.app.repository.event_store.get(identity.id)
+        if type(e).__name__ == "Released"
+    ]
+    assert [(e.reason, e.deletion_generation) for e in released] == [("workspace_deleted", 1)]
+    refused = create(client, admin_secret, workspace_id=str(workspace.id), title="late")
+    assert refused.status_code == 404 and refused.json == {"error": "task not created"}
+    services.projections.catch_up()
+    with services.database.transaction() as tx:
+        key = workspace.id if services.database.backend == "postgres" else str(workspace.id)
+        assert tx.execute("SELECT count(*) FROM tasks_view WHERE workspace_id = ?", (key,)) == [
+            (0,)
+        ]
+
+
+def test_a_fenced_creation_cannot_complete_into_a_deleted_workspace(
+    client,
+    services,
+    workspace,
+    member,
+    admin,
+    paused_owner,
+    tmp_path,
+):
+    _, secret = member
+    _, admin_secret = admin
+    slow, wait_until_paused, resume = paused_owner
+    repo = make_git_repository(tmp_path / "repo")
+    services.repositories.register(workspace.id, "repo", str(repo))
+    client.put(
+        f"/api/v1/workspaces/{workspace.id}/policy",
+        json={"wip_limit": 10},
+        headers=bearer(admin_secret),
+    )
+    principal = slow.tokens.authenticate(secret)
+    failure: dict = {}
+
+    def owner() -> None:
+        try:
+            slow.creation.create(
+                principal, {"external_id": "WD-2", "title": "slow", "repositories": ["repo"]}
+            )
+        except Exception as error:
+            failure["error"] = error
+
+    thread = threading.Thread(target=owner)
+    thread.start()
+    wait_until_paused()
+
+    assert delete_workspace(client, workspace, admin_secret).status_code == 200
+    resume()
+    thread.join(timeout=60)
+    assert getattr(failure.get("error"), "code", None) == "creation_handed_over"
+    assert branches(repo) == ["main"] and worktrees(repo) == []
+    identity = services.app.load(identity_id(workspace.id, "WD-2"), Identity)
+    assert identity is not None
+    tenure = identity.tenure(1)
+    assert tenure.phase == "aborted" and tenure.released and tenure.epoch == 1
