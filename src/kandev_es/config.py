@@ -27,6 +27,8 @@ class Settings:
     public_url: str = "http://127.0.0.1:8000"
     # "<step>:<before|after>": SIGKILL this process once at that boundary (crash tests).
     failpoint: str | None = None
+    # `serve` also runs the recovery Runtime in its workers (several are safe).
+    runtime_in_process: bool = True
 
     @property
     def backend(self) -> str:
@@ -60,6 +62,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         agent_command=env.get("KANDEV_AGENT_COMMAND") or Settings.agent_command,
         public_url=env.get("KANDEV_PUBLIC_URL") or Settings.public_url,
         failpoint=env.get("KANDEV_FAILPOINT") or None,
+        runtime_in_process=_flag(env.get("KANDEV_RUNTIME_IN_PROCESS"), True),
     )
 
 

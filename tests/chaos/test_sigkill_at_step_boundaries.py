@@ -51,6 +51,7 @@ def test_sigkill_at_step_boundary_settles_exactly_once(boundary, settings, tmp_p
         KANDEV_FAILPOINT=boundary,
         KANDEV_LEASE_SECONDS=LEASE,
         KANDEV_DEMO_AGENT_SECONDS="120",
+        KANDEV_RUNTIME_IN_PROCESS="n",  # recovery here is the explicit `kandev-es runtime`
     )
     task_id = None
     try:
@@ -131,3 +132,31 @@ def test_sigkill_at_step_boundary_settles_exactly_once(boundary, settings, tmp_p
         server.stop()
         if task_id:
             stop_run(str(session_id_for(uuid.UUID(task_id))))
+
+
+def test_serve_recovers_a_crashed_creation_by_itself(settings, tmp_path):
+    server = ServedProcess(
+        settings, tmp_path, KANDEV_FAILPOINT="repository:after", KANDEV_LEASE_SECONDS="1"
+    )
+    repo = make_git_repository(tmp_path / "repo")
+    try:
+        ws = server.workspace_id
+        http(
+            "POST",
+            f"{server.base}/api/v1/workspaces/{ws}/repositories",
+            server.token,
+            {"name": "repo", "path": str(repo)},
+        )
+        body = {"workspace_id": ws, "external_id": "SELF-1", "title": "t", "repositories": ["repo"]}
+        assert create(server, body) is None
+        server.wait_healthy()
+        deadline = time.monotonic() + 30
+        answer = create(server, body)
+        while answer is not None and answer["outcome"] != "found_settled":
+            assert time.monotonic() < deadline, answer
+            time.sleep(0.2)
+            answer = create(server, body)
+        assert answer is not None and answer["creation_complete"] is True
+        assert branches(repo) == ["kandev/KAN-1", "main"] and len(worktrees(repo)) == 1
+    finally:
+        server.stop()

@@ -29,6 +29,8 @@ def create_app(
     errors.register(app)
     if run_projections:
         services.projections.start_thread(settings.projection_poll_seconds)
+        if settings.runtime_in_process:
+            _start_runtime(services)
     return app
 
 
@@ -42,9 +44,7 @@ def _configure(app: Flask, settings: Settings) -> None:
         MAX_CONTENT_LENGTH=settings.max_body_bytes,
         JSON_SORT_KEYS=False,
         API_SPEC_OPTIONS={
-            "components": {
-                "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}
-            },
+            "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
             "security": [{"bearer": []}],
             "info": {
                 "description": (
@@ -67,3 +67,18 @@ def _register_blueprints(api: Api) -> None:
     api.register_blueprint(resources.blp)
     api.register_blueprint(events.blp)
     api.register_blueprint(identities.blp)
+
+
+def _start_runtime(services: Services) -> None:
+    """Recover creations whose owner died; the event store fences competing runtimes."""
+    import threading
+
+    from kandev_es.runtime.recovery import Runtime
+
+    runtime = Runtime(services)
+    threading.Thread(
+        target=runtime.run_forever,
+        args=(max(1.0, services.settings.lease_seconds / 4),),
+        name="runtime",
+        daemon=True,
+    ).start()
