@@ -206,7 +206,8 @@ class Identity(Aggregate):
         plan: dict[str, Any]
         plan_hash: str
         lease_expires_at: datetime
-        handle_hash: str
+        # Defaulted so streams recorded before creation handles still replay.
+        handle_hash: str = ""
 
         def apply(self, aggregate: Identity) -> None:
             aggregate.tenures[self.tenure] = Tenure(
@@ -226,7 +227,7 @@ class Identity(Aggregate):
         key: str
         status: str
         evidence: dict[str, Any]
-        lease_expires_at: datetime | None
+        lease_expires_at: datetime | None = None
 
         def apply(self, aggregate: Identity) -> None:
             tenure = aggregate.tenures[self.tenure]
