@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from kandev_es.bootstrap import Services, bootstrap, init_storage
+from kandev_es.cli_agentctl import register as register_agentctl
 from kandev_es.cli_ops import register as register_ops
 from kandev_es.config import Settings, load_settings
 from kandev_es.errors import KandevError
@@ -216,6 +217,7 @@ def mcp_server(over_http: bool, host: str, port: int) -> None:
 
 # projections rebuild, identity history, audit verify (operator/auditor tools)
 register_ops(main, projections)
+register_agentctl(main)  # agentctl task create (inside an agent run)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -78,3 +78,27 @@ def data_path(settings: Settings, *parts: str) -> Path:
     """A path under the data dir (worktrees, blobs, agent logs), made absolute so
     subprocesses with another cwd agree on it."""
     return settings.data_dir.resolve().joinpath(*parts)
+
+
+RUN_CREDENTIAL_VARIABLES = ("KANDEV_API_URL", "KANDEV_RUN_TOKEN", "KANDEV_RUN_ID")
+
+
+@dataclass(frozen=True)
+class RunCredential:
+    """What an agent launch hands its process: where the API is, the run token
+    and the run id it is bound to (read by ``kandev-es agentctl``)."""
+
+    api_url: str
+    token: str
+    run_id: str
+
+
+def load_run_credential(environ: Mapping[str, str] | None = None) -> RunCredential:
+    env = os.environ if environ is None else environ
+    missing = [name for name in RUN_CREDENTIAL_VARIABLES if not env.get(name)]
+    if missing:
+        raise LookupError(
+            f"missing {', '.join(missing)}: agentctl runs inside an agent launched by "
+            "kandev-es, which sets KANDEV_API_URL, KANDEV_RUN_TOKEN and KANDEV_RUN_ID"
+        )
+    return RunCredential(env["KANDEV_API_URL"], env["KANDEV_RUN_TOKEN"], env["KANDEV_RUN_ID"])

@@ -50,7 +50,7 @@ def start_unsettled_creation(services: Services, workspace: Any, external_id: st
         task_id=task.id,
         owner_id="another-process",
         actor="token:other",
-        plan={},
+        plan={"workspace_id": str(workspace.id), "external_id": external_id, "steps": []},
         plan_hash="0" * 64,
         lease_expires_at=datetime.now(UTC) + timedelta(minutes=5),
     )

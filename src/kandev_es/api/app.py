@@ -7,7 +7,17 @@ from flask import Flask
 from flask_smorest import Api
 
 from kandev_es import __version__
-from kandev_es.api import errors, events, health, identities, resources, tasks, workspaces
+from kandev_es.api import (
+    agentctl,
+    errors,
+    events,
+    health,
+    identities,
+    office,
+    resources,
+    tasks,
+    workspaces,
+)
 from kandev_es.api.context import EXTENSION_KEY
 from kandev_es.bootstrap import Services, bootstrap
 from kandev_es.config import Settings, load_settings
@@ -67,6 +77,8 @@ def _register_blueprints(api: Api) -> None:
     api.register_blueprint(resources.blp)
     api.register_blueprint(events.blp)
     api.register_blueprint(identities.blp)
+    api.register_blueprint(office.blp)
+    api.register_blueprint(agentctl.blp)
 
 
 def _start_runtime(services: Services) -> None:

@@ -27,6 +27,19 @@ def principal() -> Principal | None:
     return services().tokens.authenticate(secret.strip())
 
 
+RUN_ID_HEADER = "X-Kandev-Run-Id"
+
+
+def run_principal() -> Principal | None:
+    """The run credential of an agent: its bearer token plus ``X-Kandev-Run-Id``
+    equal to the run the token is bound to. Anything else is no principal."""
+    header = request.headers.get("Authorization", "")
+    scheme, _, secret = header.partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    return services().tokens.authenticate_run(secret.strip(), request.headers.get(RUN_ID_HEADER))
+
+
 def json_object() -> dict[str, Any]:
     """Parse the body ourselves, without validating it: the protocol reads only
     workspace_id and external_id before the lookup (AC-4)."""

@@ -25,19 +25,38 @@ class ApiToken(Aggregate):
         workspace_id: uuid.UUID | None
         admin: bool
         label: str
+        # A run credential (issued at agent launch) is bound to its run and task.
+        # Events stored before these fields existed replay with None.
+        run_id: str | None
+        task_id: uuid.UUID | None
 
     def __init__(
-        self, token_hash: str, workspace_id: uuid.UUID | None, admin: bool, label: str
+        self,
+        token_hash: str,
+        workspace_id: uuid.UUID | None,
+        admin: bool,
+        label: str,
+        run_id: str | None = None,
+        task_id: uuid.UUID | None = None,
     ) -> None:
         self.token_hash = token_hash
         self.workspace_id = workspace_id
         self.admin = admin
         self.label = label
+        self.run_id = run_id
+        self.task_id = task_id
         self.revoked = False
 
     @classmethod
     def issue(
-        cls, token_hash: str, workspace_id: uuid.UUID | None, admin: bool, label: str
+        cls,
+        token_hash: str,
+        workspace_id: uuid.UUID | None,
+        admin: bool,
+        label: str,
+        *,
+        run_id: str | None = None,
+        task_id: uuid.UUID | None = None,
     ) -> ApiToken:
         return cls._create(
             cls.Issued,
@@ -46,6 +65,8 @@ class ApiToken(Aggregate):
             workspace_id=workspace_id,
             admin=admin,
             label=label,
+            run_id=run_id,
+            task_id=task_id,
         )
 
     def may_act_on(self, workspace_id: uuid.UUID) -> bool:

@@ -18,6 +18,10 @@ class Principal:
     token_id: uuid.UUID
     admin: bool
     workspace_id: uuid.UUID | None
+    # Set only for a run credential (issued at agent launch): the run it is bound
+    # to and the task that run belongs to. Workspace and admin tokens: None.
+    run_id: str | None = None
+    task_id: uuid.UUID | None = None
 
     @property
     def actor(self) -> str:
@@ -32,14 +36,24 @@ class TokenService:
         self._app = app
 
     def issue(
-        self, *, workspace_id: uuid.UUID | None, admin: bool, label: str = ""
+        self,
+        *,
+        workspace_id: uuid.UUID | None,
+        admin: bool,
+        label: str = "",
+        run_id: str | None = None,
+        task_id: uuid.UUID | None = None,
     ) -> tuple[str, Principal]:
         if admin == (workspace_id is not None):
             raise ValueError("a token is either admin or bound to exactly one workspace")
+        if run_id is not None and admin:
+            raise ValueError("a run credential is bound to one workspace, never admin")
         secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
-        token = ApiToken.issue(hash_token(secret), workspace_id, admin, label)
+        token = ApiToken.issue(
+            hash_token(secret), workspace_id, admin, label, run_id=run_id, task_id=task_id
+        )
         self._app.save_atomically(token)
-        return secret, Principal(token.id, admin, workspace_id)
+        return secret, Principal(token.id, admin, workspace_id, run_id, task_id)
 
     def authenticate(self, secret: str | None) -> Principal | None:
         if not secret or not secret.startswith(TOKEN_PREFIX) or len(secret) > 200:
@@ -51,4 +65,15 @@ class TokenService:
         # The id already derives from the hash; compare anyway, in constant time.
         if not hmac.compare_digest(token.token_hash, token_hash):
             return None
-        return Principal(token.id, token.admin, token.workspace_id)
+        return Principal(token.id, token.admin, token.workspace_id, token.run_id, token.task_id)
+
+    def authenticate_run(self, secret: str | None, run_id: str | None) -> Principal | None:
+        """A run credential plus the run id it is bound to (``X-Kandev-Run-Id``).
+        Anything else — a workspace or admin token, a missing or different run
+        id — is no principal at all, so the caller sees the usual refusal."""
+        found = self.authenticate(secret)
+        if found is None or found.run_id is None or not run_id:
+            return None
+        if not hmac.compare_digest(found.run_id.encode(), run_id.encode()):
+            return None
+        return found

@@ -46,7 +46,11 @@ class AgentLaunchStep:
             return existing
         run_id = self._run_id(ctx)
         secret, _ = TokenService(ctx.app).issue(
-            workspace_id=ctx.workspace_id, admin=False, label=f"run:{run_id}"
+            workspace_id=ctx.workspace_id,
+            admin=False,
+            label=f"run:{run_id}",
+            run_id=run_id,
+            task_id=ctx.task_id,
         )
         cwd = self._cwd(ctx)
         cwd.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,94 @@
+"""Office runtime actions: an agent creates tasks with its run credential.
+
+Authenticated by the bearer run token issued at agent launch plus
+``X-Kandev-Run-Id`` equal to the run it is bound to; a workspace token is not a
+run credential. The body goes to the one create protocol unchanged, except the
+fields the route owns (a subtask's parent and workspace). A subtask never
+inherits its parent's external_id: the route copies nothing from the parent."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from flask.views import MethodView
+from flask_smorest import Blueprint
+
+from kandev_es.api import schemas
+from kandev_es.api.context import RUN_ID_HEADER, json_object, run_principal, services
+from kandev_es.creation.request import CreateTaskRequestSchema
+from kandev_es.domain.task import Task
+
+blp = Blueprint(
+    "office", __name__, url_prefix="/api/v1/office/runtime", description="Office runtime"
+)
+
+ERRORS = {400: "bad request", 404: "task not created", 413: "too large", 422: "invalid"}
+RUN_CREATE_DOC: dict[str, Any] = {
+    "parameters": [
+        {
+            "name": RUN_ID_HEADER,
+            "in": "header",
+            "required": True,
+            "schema": {"type": "string"},
+            "description": "the run id the bearer run credential is bound to",
+        }
+    ],
+    "requestBody": {
+        "required": True,
+        "content": {"application/json": {"schema": CreateTaskRequestSchema}},
+    },
+}
+
+
+def document_run_create(target: Blueprint, summary: str) -> Callable[[Any], Any]:
+    """The OpenAPI of a run-authenticated create: same body and answers as REST."""
+
+    def decorate(view: Any) -> Any:
+        for code in (400, 404, 413, 422, 503):
+            view = target.alt_response(
+                code, schema=schemas.ApiErrorSchema, description=ERRORS.get(code, "down")
+            )(view)
+        view = target.response(200, schemas.CreateTaskResponseSchema)(view)
+        return target.doc(summary=summary, **RUN_CREATE_DOC)(view)
+
+    return decorate
+
+
+def create_as_run(body: dict[str, Any]) -> dict[str, Any]:
+    """The create protocol as the calling run; no run credential means the
+    protocol's own refusal (404 task not created), before any validation."""
+    return services().creation.create(run_principal(), body).to_response()
+
+
+@blp.route("/tasks")
+class RuntimeTaskCreate(MethodView):
+    @document_run_create(blp, "Create a root task as an agent run, idempotent by external_id")
+    def post(self) -> dict[str, Any]:
+        return create_as_run(json_object())
+
+
+@blp.route("/tasks/<task_id>/subtasks")
+class RuntimeSubtaskCreate(MethodView):
+    @document_run_create(blp, "Create a subtask of task_id as an agent run (parent's workspace)")
+    def post(self, task_id: str) -> dict[str, Any]:
+        body = json_object()
+        body["parent_id"] = task_id  # invalid or unknown: reported after the lookup
+        body.pop("workspace_id", None)
+        workspace = _parent_workspace(task_id)
+        if workspace is not None:
+            body["workspace_id"] = str(workspace)
+        return create_as_run(body)
+
+
+def _parent_workspace(task_id: str) -> uuid.UUID | None:
+    """The parent's workspace, even if the parent was deleted since (a task's
+    workspace never changes, so a retry still reaches its identity). Unknown:
+    None, and the protocol falls back to the run's own workspace."""
+    try:
+        key = uuid.UUID(task_id)
+    except ValueError:
+        return None
+    parent = services().app.load(key, Task)
+    return parent.workspace_id if parent is not None else None
