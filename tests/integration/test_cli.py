@@ -5,26 +5,7 @@ from __future__ import annotations
 import json
 import uuid
 
-import pytest
-from click.testing import CliRunner
-
 from kandev_es.bootstrap import bootstrap
-from kandev_es.cli import main
-
-
-@pytest.fixture
-def cli(settings, monkeypatch):
-    monkeypatch.setenv("KANDEV_DATA_DIR", str(settings.data_dir))
-    if settings.database_url:
-        monkeypatch.setenv("KANDEV_DATABASE_URL", settings.database_url)
-    else:
-        monkeypatch.delenv("KANDEV_DATABASE_URL", raising=False)
-    runner = CliRunner()
-
-    def run(*args: str):
-        return runner.invoke(main, list(args), catch_exceptions=False)
-
-    return run
 
 
 def test_db_init_then_workspace_create_prints_json(cli):

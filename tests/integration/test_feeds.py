@@ -13,44 +13,7 @@ from kandev_es.domain.identity import Identity
 from kandev_es.domain.task import Task
 from kandev_es.views import task_dto
 from tests.conftest import bearer
-from tests.integration.helpers import create
-
-
-def start_unsettled_creation(services, workspace, external_id):
-    """A creation that claimed its identity and has not completed (its plan
-    names the workspace, as real plans do)."""
-    from datetime import UTC, datetime, timedelta
-
-    from kandev_es.domain.external_id import identity_id
-
-    identity = Identity.register(identity_id(workspace.id, external_id), workspace.id, external_id)
-    task = Task.create(
-        uuid.uuid4(),
-        workspace_id=workspace.id,
-        identity_id=identity.id,
-        identifier=f"{workspace.task_prefix}-999",
-        external_id=external_id,
-        title="in flight",
-        description="",
-        workflow="default",
-        workflow_step="backlog",
-        parent_id=None,
-        repositories=[],
-        attachments=[],
-        start_agent=False,
-        agent_profile=None,
-        created_by="token:other",
-    )
-    identity.claim(
-        task_id=task.id,
-        owner_id="another-process",
-        actor="token:other",
-        plan={"workspace_id": str(workspace.id)},
-        plan_hash="0" * 64,
-        lease_expires_at=datetime.now(UTC) + timedelta(minutes=5),
-    )
-    services.app.save_atomically(identity, task)
-    return task
+from tests.integration.helpers import create, start_unsettled_creation
 
 
 def feed(client, services, workspace, secret, **query):

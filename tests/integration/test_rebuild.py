@@ -6,24 +6,11 @@ from __future__ import annotations
 import threading
 
 import pytest
-from click.testing import CliRunner
 from kandev_es.projections.rebuild import NotRebuildable, UnknownProjection, rebuild
 
-from kandev_es.cli import main
 from tests.conftest import bearer
 from tests.integration.helpers import create
 from tests.integration.test_feeds import release
-
-
-@pytest.fixture
-def cli(settings, monkeypatch):
-    monkeypatch.setenv("KANDEV_DATA_DIR", str(settings.data_dir))
-    if settings.database_url:
-        monkeypatch.setenv("KANDEV_DATABASE_URL", settings.database_url)
-    else:
-        monkeypatch.delenv("KANDEV_DATABASE_URL", raising=False)
-    runner = CliRunner()
-    return lambda *args: runner.invoke(main, list(args), catch_exceptions=False)
 
 
 def _history(client, secret):
