@@ -6,14 +6,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from kandev_es.projections.base import db_id
+from kandev_es.projections.base import db_id, event_topics
 
 from kandev_es.domain.identity import Identity
 from kandev_es.storage.database import Transaction
+from kandev_es.storage.tables import TableSet
 
 
-class CreationsProjection:
+class CreationsProjection(TableSet):
     name = "creations"
+    tables = ("creations_view",)
+    topics = event_topics(Identity)
 
     def apply(self, tx: Transaction, event: Any, position: int, backend: str) -> None:
         identity = db_id(getattr(event, "originator_id", None), backend)
@@ -21,8 +24,8 @@ class CreationsProjection:
             return
         if isinstance(event, Identity.Claimed):
             tx.execute(
-                "INSERT INTO creations_view (identity_id, tenure, workspace_id, task_id, phase,"
-                " epoch, lease_expires_at) VALUES (?, ?, ?, ?, 'preparing', 0, ?)"
+                f"INSERT INTO {self.t('creations_view')} (identity_id, tenure, workspace_id,"
+                " task_id, phase, epoch, lease_expires_at) VALUES (?, ?, ?, ?, 'preparing', 0, ?)"
                 " ON CONFLICT (identity_id, tenure) DO NOTHING",
                 (
                     identity,
@@ -33,11 +36,16 @@ class CreationsProjection:
                 ),
             )
         elif isinstance(event, Identity.StepRecorded) and event.lease_expires_at is not None:
-            self._update(tx, identity, event.tenure, "lease_expires_at = ?",
-                         event.lease_expires_at.timestamp())
+            self._update(
+                tx,
+                identity,
+                event.tenure,
+                "lease_expires_at = ?",
+                event.lease_expires_at.timestamp(),
+            )
         elif isinstance(event, Identity.RecoveryClaimed):
             tx.execute(
-                "UPDATE creations_view SET epoch = ?, lease_expires_at = ?"
+                f"UPDATE {self.t('creations_view')} SET epoch = ?, lease_expires_at = ?"
                 " WHERE identity_id = ? AND tenure = ?",
                 (event.epoch, event.lease_expires_at.timestamp(), identity, event.tenure),
             )
@@ -47,13 +55,16 @@ class CreationsProjection:
             self._update(tx, identity, event.tenure, "phase = ?", "aborting")
         elif isinstance(event, Identity.Completed | Identity.Aborted):
             tx.execute(
-                "DELETE FROM creations_view WHERE identity_id = ? AND tenure = ?",
+                f"DELETE FROM {self.t('creations_view')} WHERE identity_id = ? AND tenure = ?",
                 (identity, event.tenure),
             )
 
-    @staticmethod
-    def _update(tx: Transaction, identity: Any, tenure: int, assignment: str, value: Any) -> None:
+    def _update(
+        self, tx: Transaction, identity: Any, tenure: int, assignment: str, value: Any
+    ) -> None:
+        # ``assignment`` is one of the fixed column clauses above, never input.
         tx.execute(
-            f"UPDATE creations_view SET {assignment} WHERE identity_id = ? AND tenure = ?",
+            f"UPDATE {self.t('creations_view')} SET {assignment}"
+            " WHERE identity_id = ? AND tenure = ?",
             (value, identity, tenure),
         )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 
 import pytest
-from kandev_es.projections.rebuild import NotRebuildable, UnknownProjection, rebuild
+from kandev_es.projections.rebuild import UnknownProjection, rebuild, rebuildable
 
 from tests.conftest import bearer
 from tests.integration.helpers import create
@@ -88,11 +88,11 @@ def test_rebuild_under_live_traffic_loses_and_duplicates_nothing(
     assert count == 30
 
 
-def test_rebuild_refuses_unknown_and_tableless_projections(services):
+def test_rebuild_refuses_unknown_projections_and_every_known_one_is_rebuildable(services):
     with pytest.raises(UnknownProjection):
         rebuild(services.projections, "nope")
-    with pytest.raises(NotRebuildable):
-        rebuild(services.projections, "creations")
+    for projection in services.projections.projections:
+        assert rebuildable(services.projections, projection.name).tables
 
 
 def test_cli_rebuild_prints_events_per_second(cli, client, services, workspace, member):
@@ -108,3 +108,17 @@ def test_cli_rebuild_prints_events_per_second(cli, client, services, workspace, 
     assert everything.exit_code == 0 and "rebuilt identities:" in everything.stdout
     unknown = cli("projections", "rebuild", "--name", "feeds", "--name", "nope")
     assert unknown.exit_code != 0 and "no projection 'nope'" in unknown.output
+
+
+def test_creations_read_model_rebuilds_to_the_same_in_flight_rows(services, workspace):
+    from tests.integration.helpers import start_unsettled_creation
+
+    start_unsettled_creation(services, workspace, "IN-FLIGHT-1")
+    services.projections.catch_up()
+    query = "SELECT identity_id, tenure, phase, epoch FROM creations_view ORDER BY identity_id"
+    with services.database.transaction() as tx:
+        before = tx.execute(query)
+    assert len(before) == 1
+    rebuild(services.projections, "creations")
+    with services.database.transaction() as tx:
+        assert tx.execute(query) == before
