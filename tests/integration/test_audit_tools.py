@@ -7,11 +7,8 @@ import json
 import uuid
 
 from tests.conftest import bearer
-from tests.integration import test_rebuild
 from tests.integration.helpers import create
 from tests.integration.test_feeds import release
-
-cli = test_rebuild.cli  # the same CLI fixture
 
 
 def _two_tenures(client, services, secret):
