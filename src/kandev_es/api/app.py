@@ -15,6 +15,7 @@ from kandev_es.api import (
     identities,
     office,
     resources,
+    schemas,
     tasks,
     workspaces,
 )
@@ -66,8 +67,14 @@ def _configure(app: Flask, settings: Settings) -> None:
     )
 
 
+class _Api(Api):  # type: ignore[misc]
+    # Document the error body errors.py really sends ({error, message, details})
+    # as the default and 422 responses, instead of flask-smorest's own shape.
+    ERROR_SCHEMA = schemas.ApiErrorSchema
+
+
 def _register_api(app: Flask) -> Api:
-    return Api(app)
+    return _Api(app)
 
 
 def _register_blueprints(api: Api) -> None:

@@ -8,6 +8,7 @@ from flask import Response
 from flask.views import MethodView
 from flask_smorest import Blueprint
 
+from kandev_es.api import schemas
 from kandev_es.api.context import services
 
 blp = Blueprint("health", __name__, description="Health")
@@ -16,6 +17,7 @@ blp = Blueprint("health", __name__, description="Health")
 @blp.route("/healthz")
 class Healthz(MethodView):
     @blp.doc(security=[])
+    @blp.response(200, schemas.HealthSchema)
     def get(self) -> dict[str, Any]:
         return {"status": "ok"}
 
@@ -23,6 +25,8 @@ class Healthz(MethodView):
 @blp.route("/readyz")
 class Readyz(MethodView):
     @blp.doc(security=[])
+    @blp.response(200, schemas.ReadinessSchema)
+    @blp.alt_response(503, schema=schemas.ReadinessSchema, description="not ready")
     def get(self) -> Any:
         svc = services()
         attestation = svc.attestation.refresh()

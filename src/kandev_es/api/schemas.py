@@ -118,3 +118,23 @@ class TokenSchema(Schema):
     token = fields.String(required=True, metadata={"description": "shown once; stored hashed"})
     admin = fields.Boolean(required=True)
     workspace_id = fields.UUID(allow_none=True)
+
+
+class HealthSchema(Schema):
+    status = fields.String(required=True, validate=validate.OneOf(["ok"]))
+
+
+class ReadinessSchema(Schema):
+    """/readyz: 200 when ready, 503 (same body) when not."""
+
+    status = fields.String(required=True, validate=validate.OneOf(["ready", "unready"]))
+    backend = fields.String(required=True, validate=validate.OneOf(["sqlite", "postgres"]))
+    schema_attested = fields.Boolean(required=True)
+    external_id_traffic = fields.String(
+        required=True, validate=validate.OneOf(["accepted", "refused"])
+    )
+    schema_problems = fields.List(fields.String())
+    projection_lag = fields.Dict(
+        keys=fields.String(), values=fields.Integer(), metadata={"description": "events behind"}
+    )
+    store_error = fields.String()

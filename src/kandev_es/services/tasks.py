@@ -89,6 +89,7 @@ class TaskService:
         body: Mapping[str, Any],
         if_revision: int | None = None,
     ) -> dict[str, Any]:
+        self.get(principal, task_id)  # authorization precedes validation: 404 first
         if "external_id" in body:
             raise ExternalIdImmutable("external_id cannot be changed after creation")
         try:

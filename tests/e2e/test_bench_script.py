@@ -1,0 +1,51 @@
+"""scripts/bench in its short form: one JSON object with every measurement, and
+the 64-client same-ID storm makes exactly one task. No timing is asserted."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import postgres_admin_url
+
+BENCH = Path(__file__).resolve().parents[2] / "scripts" / "bench"
+
+
+def test_quick_bench_prints_every_measurement_and_a_single_storm_task():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KANDEV_")}
+    env["KANDEV_BENCH_DATABASE_URL"] = postgres_admin_url()  # a schema of its own in it
+    run = subprocess.run(
+        [sys.executable, str(BENCH), "--quick", "--seconds", "0.5"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    report = json.loads(run.stdout)
+
+    for side in ("in_process", "http"):
+        assert {
+            "found_per_s", "raw_select_per_s", "found_ratio",
+            "created_per_s", "raw_insert_tx_per_s", "created_ratio",
+        } <= report[side].keys()
+        assert report[side]["found_per_s"] > 0 and report[side]["created_per_s"] > 0
+    assert report["http"]["failed_requests"] == {}
+    assert {"commits_per_creation", "write_transactions_per_found"} <= report[
+        "transactions"
+    ].keys()
+    assert report["storm"]["tasks_created"] == 1
+    assert report["storm"]["outcomes"]["created"] == 1
+    assert sum(report["storm"]["outcomes"].values()) == 64
+    assert report["projection_lag"]["missing"] == 0
+    assert {"p50_ms", "p99_ms"} <= report["projection_lag"].keys()
+    assert report["rebuild"]["events_per_s"] > 0
+    assert "crash_to_found_settled_s" in report["recovery"], report["recovery"]
+    assert report["targets"]["storm_tasks"]["met"] is True
+    assert {"found_in_process_vs_raw_select", "created_in_process_vs_raw_insert_tx"} <= report[
+        "targets"
+    ].keys()
