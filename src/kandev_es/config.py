@@ -29,6 +29,9 @@ class Settings:
     failpoint: str | None = None
     # `serve` also runs the recovery Runtime in its workers (several are safe).
     runtime_in_process: bool = True
+    # "y" pings each pooled connection before use (one more round trip per load);
+    # off, a dead connection fails its query and the event store retries it.
+    pg_pre_ping: str = "n"
 
     @property
     def backend(self) -> str:
@@ -63,6 +66,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         public_url=env.get("KANDEV_PUBLIC_URL") or Settings.public_url,
         failpoint=env.get("KANDEV_FAILPOINT") or None,
         runtime_in_process=_flag(env.get("KANDEV_RUNTIME_IN_PROCESS"), True),
+        pg_pre_ping="y" if _flag(env.get("KANDEV_PG_PRE_PING"), False) else "n",
     )
 
 

@@ -110,8 +110,16 @@ class PostgresDatabase:
         kwargs: dict[str, Any] = {"connect_timeout": 5}
         if schema:
             kwargs["options"] = f"-c search_path={schema}"
+        # Checked on checkout, so a connection killed by a database restart is
+        # replaced instead of failing the request that draws it.
         self._pool = ConnectionPool(
-            url, min_size=1, max_size=max(pool_size, 2), kwargs=kwargs, open=True, timeout=5
+            url,
+            min_size=1,
+            max_size=max(pool_size, 2),
+            kwargs=kwargs,
+            open=True,
+            timeout=5,
+            check=ConnectionPool.check_connection,
         )
 
     @contextmanager
