@@ -75,6 +75,17 @@ class Tasks(Application):  # type: ignore[type-arg]
             return None
         return aggregate
 
+    def read(self, aggregate_id: uuid.UUID, kind: type[A]) -> A | None:
+        """Like ``load`` but shares the cached aggregate instead of copying it:
+        for reads only — never call a command on what this returns."""
+        try:
+            aggregate: Aggregate = self.repository.get(aggregate_id, deepcopy_from_cache=False)
+        except AggregateNotFoundError:
+            return None
+        except OperationalError as error:
+            raise StoreUnavailable(f"event store unavailable: {error}") from None
+        return aggregate if isinstance(aggregate, kind) else None
+
     def save_atomically(self, *aggregates: Aggregate) -> int:
         """Save all pending events in one transaction; return the last
         notification id. A version clash becomes ``VersionConflict``."""

@@ -113,13 +113,13 @@ class CreationService:
                 workspace_id = None
         if workspace_id is None or not principal.may_act_on(workspace_id):
             raise TaskNotCreated("not authorized")
-        workspace = self._app.load(workspace_id, Workspace)
+        workspace = self._app.read(workspace_id, Workspace)
         if workspace is None or workspace.deleted:
             raise TaskNotCreated("unknown workspace")
         return workspace
 
     def _lookup(self, workspace_id: uuid.UUID, external_id: str) -> CreateResult | None:
-        identity = self._app.load(identity_id(workspace_id, external_id), Identity)
+        identity = self._app.read(identity_id(workspace_id, external_id), Identity)
         if identity is None:
             return None
         return self._found(identity)
@@ -128,7 +128,7 @@ class CreationService:
         holder = identity.holder
         if holder is None:
             return None
-        task = self._app.load(holder.task_id, Task)
+        task = self._app.read(holder.task_id, Task)
         if task is None:  # pragma: no cover - Claimed and Task.Created share one save
             raise Unavailable("identity holder has no task stream")
         outcome = Outcome.FOUND_SETTLED if holder.settled else Outcome.FOUND_UNSETTLED
