@@ -205,6 +205,8 @@ def test_release_while_completing_is_a_typed_conflict(
     from tests.integration.test_runtime_recovery import crash_create
 
     _, secret = member
+    # A plan with an effect step, so Completing is a commit of its own.
+    services.workspaces.set_wip_limit(workspace.id, 5)
     crash_create(
         settings, secret, {"external_id": "COMP-1", "title": "t"}, "completing:after", lease=120
     )

@@ -137,12 +137,12 @@ class CreationService:
     def _admit(self, workspace: Workspace, external_id: str | None) -> CreateResult | None:
         """Admission: the workspace must still accept creates. On refusal the
         identity is re-read first, so a holder still answers Found."""
-        current = self._app.load(workspace.id, Workspace)
+        current = self._app.read(workspace.id, Workspace)
         refusal: Exception | None = None
         if current is None or current.deleted:
             refusal = TaskNotCreated("workspace no longer accepts creates")
         elif current.wip_limit is not None:
-            ledger = self._app.load(wip_ledger_id(workspace.id), WipLedger)
+            ledger = self._app.read(wip_ledger_id(workspace.id), WipLedger)
             in_use = len(ledger.reserved) if ledger else 0
             if in_use >= current.wip_limit:
                 refusal = CapacityExceeded(
