@@ -10,7 +10,9 @@ runner's transaction. Projections may also declare
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+import uuid
+from collections.abc import Iterable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from eventsourcing.domain import Aggregate
@@ -56,3 +58,24 @@ def db_id(value: Any, backend: str) -> Any:
     if value is None:
         return None
     return value if backend == "postgres" else str(value)
+
+
+DTO_CHUNK = 500
+
+
+def load_dtos(
+    tx: Transaction, table: str, task_ids: Iterable[Any], backend: str
+) -> dict[uuid.UUID, dict[str, Any]]:
+    """The stored DTO of each given task in ``table`` (a fixed, owned table
+    name), read in chunks so a large batch stays one statement per chunk."""
+    ids = list(task_ids)
+    found: dict[uuid.UUID, dict[str, Any]] = {}
+    for start in range(0, len(ids), DTO_CHUNK):
+        chunk = ids[start : start + DTO_CHUNK]
+        marks = ", ".join("?" for _ in chunk)
+        for task_id, dto in tx.execute(
+            f"SELECT task_id, dto FROM {table} WHERE task_id IN ({marks})",
+            [db_id(i, backend) for i in chunk],
+        ):
+            found[uuid.UUID(str(task_id))] = json.loads(dto)
+    return found

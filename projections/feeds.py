@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from kandev_es.projections.base import db_id, event_topics
+from kandev_es.projections.base import db_id, event_topics, load_dtos
 from kandev_es.projections.tasks import initial_dto, patch_dto
 
 from kandev_es.domain.task import TASK_ACTIVE, Task
@@ -33,7 +33,6 @@ FEED_NAMESPACE = uuid.UUID("3a1d6f0c-9b7e-4c52-8e14-7f2b5d9c0a61")
 TASK_CREATED = "task.created"
 TASK_UPDATED = "task.updated"
 UPDATES = (Task.Updated, Task.Archived, Task.ExternalIdCleared)
-_CHUNK = 500
 
 
 def feed_event_id(originator_id: uuid.UUID, originator_version: int) -> uuid.UUID:
@@ -100,17 +99,7 @@ class FeedsProjection(TableSet):
     def _load(
         self, tx: Transaction, task_ids: Iterable[uuid.UUID], backend: str
     ) -> dict[uuid.UUID, dict[str, Any] | None]:
-        ids = list(task_ids)
-        found: dict[uuid.UUID, dict[str, Any] | None] = {}
-        for start in range(0, len(ids), _CHUNK):
-            chunk = ids[start : start + _CHUNK]
-            marks = ", ".join("?" for _ in chunk)
-            for task_id, dto in tx.execute(
-                f"SELECT task_id, dto FROM {self.t('feed_tasks')} WHERE task_id IN ({marks})",
-                [db_id(i, backend) for i in chunk],
-            ):
-                found[uuid.UUID(str(task_id))] = json.loads(dto)
-        return found
+        return dict(load_dtos(tx, self.t("feed_tasks"), task_ids, backend))
 
     def _write(
         self,

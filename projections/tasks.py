@@ -13,14 +13,12 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from kandev_es.projections.base import db_id, event_topics
+from kandev_es.projections.base import db_id, event_topics, load_dtos
 
 from kandev_es.domain.task import Task
 from kandev_es.storage.database import Transaction
 from kandev_es.storage.tables import TableSet
 from kandev_es.views import task_dto
-
-_CHUNK = 500
 
 
 class TasksProjection(TableSet):
@@ -56,17 +54,7 @@ class TasksProjection(TableSet):
     def _load(
         self, tx: Transaction, task_ids: set[uuid.UUID], backend: str
     ) -> dict[uuid.UUID, dict[str, Any]]:
-        ids = list(task_ids)
-        found: dict[uuid.UUID, dict[str, Any]] = {}
-        for start in range(0, len(ids), _CHUNK):
-            chunk = ids[start : start + _CHUNK]
-            marks = ", ".join("?" for _ in chunk)
-            for task_id, dto in tx.execute(
-                f"SELECT task_id, dto FROM {self.t('tasks_view')} WHERE task_id IN ({marks})",
-                [db_id(i, backend) for i in chunk],
-            ):
-                found[uuid.UUID(str(task_id))] = json.loads(dto)
-        return found
+        return dict(load_dtos(tx, self.t("tasks_view"), task_ids, backend))
 
     def _write(
         self,

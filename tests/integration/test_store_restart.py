@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from kandev_es.bootstrap import bootstrap
 from kandev_es.config import Settings
-
 from tests.support.postgres import start_cluster
 
 
