@@ -7,7 +7,7 @@ import uuid
 from kandev_es.application import Tasks, VersionConflict
 from kandev_es.domain.errors import DomainRuleBroken
 from kandev_es.domain.workspace import Workspace, workspace_id_for
-from kandev_es.errors import BadRequest, WorkspaceExists, WorkspaceNotFound
+from kandev_es.errors import BadRequest, Conflict, WorkspaceExists, WorkspaceNotFound
 from kandev_es.storage.counters import ensure_counter
 from kandev_es.storage.database import Database
 
@@ -50,7 +50,7 @@ class WorkspaceService:
             except VersionConflict:
                 continue
             return workspace
-        raise WorkspaceExists("workspace is contended; retry")
+        raise Conflict("workspace is contended; retry")
 
     def get_by_name(self, name: str) -> Workspace | None:
         return self.get(workspace_id_for(name))
