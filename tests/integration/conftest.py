@@ -10,6 +10,7 @@ from click.testing import CliRunner
 from kandev_es.bootstrap import bootstrap
 from kandev_es.cli import main
 from kandev_es.config import data_path
+from tests.integration.runs import Runs
 
 
 @pytest.fixture
@@ -47,3 +48,17 @@ def cli(settings, monkeypatch):
         return runner.invoke(main, list(args), catch_exceptions=False)
 
     return run
+
+
+@pytest.fixture
+def runs(monkeypatch):
+    """Agent runs launched by a test, stopped at its end whatever happens."""
+    monkeypatch.setenv("KANDEV_DEMO_AGENT_SECONDS", "120")
+    launched = Runs()
+    yield launched
+    launched.stop_all()
+
+
+@pytest.fixture
+def run(client, member, runs):
+    return runs.launch(client, member[1])

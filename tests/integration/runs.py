@@ -14,6 +14,8 @@ from kandev_es.domain.agent_session import session_id_for
 from tests.integration.helpers import create
 
 RUN_ID_HEADER = "X-Kandev-Run-Id"
+ROOT = "/api/v1/office/runtime/tasks"
+AGENTCTL = "/api/v1/agentctl/tasks"
 
 
 @dataclass(frozen=True)

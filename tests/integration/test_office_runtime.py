@@ -11,10 +11,8 @@ import pytest
 
 from tests.conftest import bearer
 from tests.integration.helpers import create, start_unsettled_creation, task_created_count
-from tests.integration.runs import Runs
+from tests.integration.runs import AGENTCTL, ROOT
 
-ROOT = "/api/v1/office/runtime/tasks"
-AGENTCTL = "/api/v1/agentctl/tasks"
 ROUTES = ["root", "subtask", "agentctl"]
 
 
@@ -22,20 +20,6 @@ def path_for(route: str, run) -> str:
     if route == "subtask":
         return f"{ROOT}/{run.task_id}/subtasks"
     return ROOT if route == "root" else AGENTCTL
-
-
-@pytest.fixture
-def runs(monkeypatch):
-    monkeypatch.setenv("KANDEV_DEMO_AGENT_SECONDS", "120")
-    launched = Runs()
-    yield launched
-    launched.stop_all()
-
-
-@pytest.fixture
-def run(client, member, runs):
-    _, secret = member
-    return runs.launch(client, secret)
 
 
 def test_run_token_from_agent_launch_is_bound_to_its_run_and_task(services, workspace, run):

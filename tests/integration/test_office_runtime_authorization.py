@@ -8,25 +8,10 @@ import pytest
 
 from kandev_es.domain.token import ApiToken
 from tests.conftest import bearer
-from tests.integration.runs import RUN_ID_HEADER, Runs
+from tests.integration.runs import AGENTCTL, ROOT, RUN_ID_HEADER
 
 NOT_CREATED = {"error": "task not created"}
-ROOT = "/api/v1/office/runtime/tasks"
-AGENTCTL = "/api/v1/agentctl/tasks"
 BODIES = [{"title": "t", "external_id": "AZ-1"}, {"title": ""}, {"external_id": "bad\x01"}]
-
-
-@pytest.fixture
-def runs(monkeypatch):
-    monkeypatch.setenv("KANDEV_DEMO_AGENT_SECONDS", "120")
-    launched = Runs()
-    yield launched
-    launched.stop_all()
-
-
-@pytest.fixture
-def run(client, member, runs):
-    return runs.launch(client, member[1])
 
 
 @pytest.fixture
