@@ -2,22 +2,65 @@
 
 from __future__ import annotations
 
+import copy
+import threading
 import uuid
-from typing import TypeVar
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any, TypeVar, cast
 
 from eventsourcing.application import AggregateNotFoundError, Application
 from eventsourcing.domain import Aggregate
-from eventsourcing.persistence import IntegrityError, OperationalError
+from eventsourcing.persistence import IntegrityError, OperationalError, StoredEvent
 
 from kandev_es.config import Settings
 from kandev_es.errors import StoreUnavailable
+from kandev_es.storage.breaker import StoreBreaker
 from kandev_es.storage.database import parse_postgres_url
+from kandev_es.storage.recorders import (
+    POSTGRES_RECORDER_TOPIC,
+    SQLITE_RECORDER_TOPIC,
+    StreamsAdvanced,
+)
 
 A = TypeVar("A", bound=Aggregate)
 
 
 class VersionConflict(Exception):
-    """Another writer appended to one of the saved streams first."""
+    """Another writer appended to one of the saved streams first (or, for a
+    guarded save, to one of the streams it depended on)."""
+
+
+READ_CACHE_SIZE = 20000
+
+
+class ReadCache:
+    """Snapshots for ``Tasks.read_many``. An entry is never changed in place:
+    catching up copies it, applies the new events and swaps the copy in, so a
+    reader holding the old snapshot never sees half an event."""
+
+    def __init__(self, maxsize: int = READ_CACHE_SIZE) -> None:
+        self._maxsize = maxsize
+        self._items: OrderedDict[uuid.UUID, Aggregate] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: uuid.UUID) -> Aggregate | None:
+        with self._lock:
+            found = self._items.get(key)
+            if found is not None:
+                self._items.move_to_end(key)
+            return found
+
+    def put(self, key: uuid.UUID, aggregate: Aggregate) -> None:
+        with self._lock:
+            current = self._items.get(key)
+            if current is not None and current.version > aggregate.version:
+                return  # a concurrent reader already stored a newer snapshot
+            self._items[key] = aggregate
+            self._items.move_to_end(key)
+            while len(self._items) > self._maxsize:
+                self._items.popitem(last=False)
 
 
 # Recently used aggregates stay in memory and are fast-forwarded with the events
@@ -38,7 +81,10 @@ def event_store_env(settings: Settings) -> dict[str, str]:
             PERSISTENCE_MODULE="eventsourcing.postgres",
             POSTGRES_POOL_SIZE=str(settings.pool_size),
             POSTGRES_MAX_OVERFLOW=str(settings.pool_size),
-            POSTGRES_CONNECT_TIMEOUT="5",
+            APPLICATION_RECORDER_TOPIC=POSTGRES_RECORDER_TOPIC,
+            # Also how long a call waits for a pooled connection: short, so a
+            # request against a stopped database fails fast with a 503.
+            POSTGRES_CONNECT_TIMEOUT=str(settings.pg_connect_timeout),
             POSTGRES_PRE_PING=settings.pg_pre_ping,
             POSTGRES_ENABLE_DB_FUNCTIONS="n",
             CREATE_TABLE=create,
@@ -49,6 +95,7 @@ def event_store_env(settings: Settings) -> dict[str, str]:
     return {
         **AGGREGATE_CACHE,
         "PERSISTENCE_MODULE": "eventsourcing.sqlite",
+        "APPLICATION_RECORDER_TOPIC": SQLITE_RECORDER_TOPIC,
         "SQLITE_DBNAME": str(settings.sqlite_path),
         "SQLITE_LOCK_TIMEOUT": "10",
         "CREATE_TABLE": create,
@@ -61,16 +108,42 @@ class Tasks(Application):  # type: ignore[type-arg]
 
     name = "kandev"
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, breaker: StoreBreaker | None = None) -> None:
         super().__init__(env=event_store_env(settings))
+        # Only PostgreSQL goes away; SQLite's errors are lock timeouts.
+        if breaker is None and settings.database_url:
+            breaker = StoreBreaker()
+        self.breaker = breaker
+        self._snapshots = ReadCache()
+
+    @contextmanager
+    def _store_call(self) -> Iterator[None]:
+        """Map the library's OperationalError to a typed 503, and keep the
+        breaker informed so calls after a failure answer at once."""
+        breaker = self.breaker
+        if breaker is None:
+            try:
+                yield
+            except OperationalError as error:
+                raise StoreUnavailable(f"event store unavailable: {error}") from None
+            return
+        breaker.admit()
+        try:
+            yield
+        except OperationalError as error:
+            breaker.failed(str(error))
+            raise StoreUnavailable(f"event store unavailable: {error}") from None
+        except BaseException:
+            breaker.succeeded()  # the store answered (a conflict, a missing aggregate)
+            raise
+        breaker.succeeded()
 
     def load(self, aggregate_id: uuid.UUID, kind: type[A]) -> A | None:
         try:
-            aggregate: Aggregate = self.repository.get(aggregate_id)
+            with self._store_call():
+                aggregate: Aggregate = self.repository.get(aggregate_id)
         except AggregateNotFoundError:
             return None
-        except OperationalError as error:
-            raise StoreUnavailable(f"event store unavailable: {error}") from None
         if not isinstance(aggregate, kind):
             return None
         return aggregate
@@ -79,23 +152,69 @@ class Tasks(Application):  # type: ignore[type-arg]
         """Like ``load`` but shares the cached aggregate instead of copying it:
         for reads only — never call a command on what this returns."""
         try:
-            aggregate: Aggregate = self.repository.get(aggregate_id, deepcopy_from_cache=False)
+            with self._store_call():
+                aggregate: Aggregate = self.repository.get(
+                    aggregate_id, deepcopy_from_cache=False
+                )
         except AggregateNotFoundError:
             return None
-        except OperationalError as error:
-            raise StoreUnavailable(f"event store unavailable: {error}") from None
         return aggregate if isinstance(aggregate, kind) else None
 
-    def save_atomically(self, *aggregates: Aggregate) -> int:
+    def read_many(self, ids: Iterable[uuid.UUID]) -> dict[uuid.UUID, Aggregate | None]:
+        """The current state of several aggregates, for reads only, caught up
+        in ONE query: the events after each cached snapshot's version (after
+        version 0 for one not cached). Every id is a key of the answer; an
+        aggregate with no events maps to None."""
+        wanted = list(dict.fromkeys(ids))
+        snapshots = {key: self._snapshots.get(key) for key in wanted}
+        since = {key: (s.version if s is not None else 0) for key, s in snapshots.items()}
+        with self._store_call():
+            stored = cast(Any, self.recorder).select_streams(since)
+        newer: dict[uuid.UUID, list[StoredEvent]] = {}
+        for event in stored:
+            newer.setdefault(uuid.UUID(str(event.originator_id)), []).append(event)
+        answer: dict[uuid.UUID, Aggregate | None] = {}
+        for key in wanted:
+            snapshot = snapshots[key]
+            events = newer.get(key)
+            if events:
+                aggregate: Any = copy.deepcopy(snapshot) if snapshot is not None else None
+                for event in events:
+                    aggregate = cast(Any, self.mapper.to_domain_event(event)).mutate(aggregate)
+                if aggregate is not None:
+                    self._snapshots.put(key, aggregate)
+                snapshot = aggregate
+            answer[key] = snapshot
+        return answer
+
+    def next_office_number(self, workspace_id: uuid.UUID) -> int:
+        """The workspace's next office task number (``KAN-<n>``); never reused."""
+        with self._store_call():
+            return int(cast(Any, self.recorder).next_office_number(workspace_id))
+
+    def snapshot(self, aggregate_id: uuid.UUID, kind: type[A]) -> A | None:
+        """The last state ``read_many`` saw, without asking the store (it may
+        be stale): for guessing which other streams to fetch in the same query."""
+        found = self._snapshots.get(aggregate_id)
+        return found if isinstance(found, kind) else None
+
+    def save_atomically(
+        self, *aggregates: Aggregate, unchanged: Mapping[uuid.UUID, int] | None = None
+    ) -> int:
         """Save all pending events in one transaction; return the last
-        notification id. A version clash becomes ``VersionConflict``."""
+        notification id. A version clash becomes ``VersionConflict``. With
+        ``unchanged`` ({aggregate id: version read}), nothing is saved — also
+        ``VersionConflict`` — if any of those streams has moved on since."""
         try:
-            recordings = self.save(*aggregates)
-        except IntegrityError:
+            with self._store_call():
+                if unchanged:
+                    recordings = self.save(*aggregates, unchanged=dict(unchanged))
+                else:
+                    recordings = self.save(*aggregates)
+        except (IntegrityError, StreamsAdvanced):
             raise VersionConflict from None
-        except OperationalError as error:
-            raise StoreUnavailable(f"event store unavailable: {error}") from None
         return max((r.notification.id for r in recordings), default=0)
 
     def max_notification_id(self) -> int:
-        return int(self.recorder.max_notification_id() or 0)
+        with self._store_call():
+            return int(self.recorder.max_notification_id() or 0)

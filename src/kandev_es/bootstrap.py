@@ -23,6 +23,7 @@ from kandev_es.services.tasks import TaskService
 from kandev_es.services.workspace_deletion import WorkspaceDeletionService
 from kandev_es.services.workspaces import WorkspaceService
 from kandev_es.storage.attestation import AttestationGuard
+from kandev_es.storage.breaker import StoreBreaker
 from kandev_es.storage.database import (
     Database,
     PostgresDatabase,
@@ -58,11 +59,15 @@ class Services:
         self.app.close()
 
 
-def open_database(settings: Settings) -> Database:
+def open_database(settings: Settings, breaker: StoreBreaker | None = None) -> Database:
     if settings.database_url:
         schema = parse_postgres_url(settings.database_url).get("POSTGRES_SCHEMA")
         return PostgresDatabase(
-            base_postgres_url(settings.database_url), schema, pool_size=settings.pool_size
+            base_postgres_url(settings.database_url),
+            schema,
+            pool_size=settings.pool_size,
+            breaker=breaker,
+            timeout=settings.pg_connect_timeout,
         )
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     return SQLiteDatabase(settings.sqlite_path)
@@ -85,7 +90,8 @@ def bootstrap(settings: Settings) -> Services:
     if settings.create_tables:
         init_storage(settings)
     app = Tasks(settings.with_overrides(create_tables=False))
-    database = open_database(settings)
+    # One breaker for both pools: they talk to the same database.
+    database = open_database(settings, app.breaker)
     attestation = AttestationGuard(database)
     if attestation.current.ok:
         log.info("schema attested backend=%s", database.backend)
@@ -105,7 +111,7 @@ def bootstrap(settings: Settings) -> Services:
         app=app,
         database=database,
         attestation=attestation,
-        creation=CreationService(app, database, attestation, settings),
+        creation=CreationService(app, attestation, settings),
         tasks=TaskService(app, database),
         workspaces=WorkspaceService(app, database),
         tokens=TokenService(app),

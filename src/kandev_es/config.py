@@ -32,6 +32,9 @@ class Settings:
     # "y" pings each pooled connection before use (one more round trip per load);
     # off, a dead connection fails its query and the event store retries it.
     pg_pre_ping: str = "n"
+    # Seconds a store call waits for a PostgreSQL connection before it fails
+    # with a 503 (the library's default of 5, retried 10 times, hung ~50 s).
+    pg_connect_timeout: int = 2
 
     @property
     def backend(self) -> str:
@@ -67,6 +70,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         failpoint=env.get("KANDEV_FAILPOINT") or None,
         runtime_in_process=_flag(env.get("KANDEV_RUNTIME_IN_PROCESS"), True),
         pg_pre_ping="y" if _flag(env.get("KANDEV_PG_PRE_PING"), False) else "n",
+        pg_connect_timeout=int(env.get("KANDEV_PG_CONNECT_TIMEOUT") or 2),
     )
 
 

@@ -86,9 +86,12 @@ def test_runtime_completes_a_creation_whose_owner_died(
     assert branches(repo).count("kandev/KAN-1") == 1 and len(worktrees(repo)) == 1
 
 
-def test_runtime_leaves_live_leases_alone(settings, client, short_lease, workspace, member):
+def test_runtime_leaves_live_leases_alone(
+    settings, client, short_lease, workspace, member, repo
+):
     _, secret = member
-    body = {"external_id": "CR-2", "title": "t"}
+    # A plan with an effect: one without any completes in its claim transaction.
+    body = {"external_id": "CR-2", "title": "t", "repositories": ["backend"]}
     crash_create(settings, secret, body, "claim:after", lease=120)
     # An observer cannot tell slow from dead: until the lease runs out, hands off.
     assert Runtime(short_lease).recover_once() == []
@@ -117,10 +120,11 @@ def test_stale_owner_is_fenced_and_touches_nothing(
 
 
 def test_two_runtimes_never_both_act_on_one_tenure(
-    settings, services, short_lease, workspace, member
+    settings, services, short_lease, workspace, member, repo
 ):
     _, secret = member
-    crash_create(settings, secret, {"external_id": "CR-4", "title": "t"}, "claim:after")
+    body = {"external_id": "CR-4", "title": "t", "repositories": ["backend"]}
+    crash_create(settings, secret, body, "claim:after")
     time.sleep(LEASE + 0.2)
     second = bootstrap(settings.with_overrides(lease_seconds=LEASE))
     results: list = []

@@ -191,9 +191,23 @@ class CreationDriver:
         identity.begin_aborting(number, error.code)
         self._app.save_atomically(identity)
 
-    def _complete(self, identity: Identity, task: Task, number: int) -> None:
+    @staticmethod
+    def settle_without_effects(identity: Identity, task: Task, number: int) -> str:
+        """For a plan with no steps: Completing and Completed applied to the
+        just-claimed, unsaved aggregates, so the caller saves claim and
+        completion in one transaction. Returns the tenure's outcome."""
+        assert not steps_for(identity.tenure(number).plan)
+        identity.begin_completing(number)
+        return CreationDriver._settle(identity, task, number)
+
+    @staticmethod
+    def _settle(identity: Identity, task: Task, number: int) -> str:
         outcome = identity.complete(number)
         task.activate(drop_external_id=outcome == OUTCOME_CREATED_IDENTITY_LOST)
+        return outcome
+
+    def _complete(self, identity: Identity, task: Task, number: int) -> None:
+        outcome = self._settle(identity, task, number)
         self._app.save_atomically(identity, task)
         log.info("completed identity=%s tenure=%s outcome=%s", identity.id, number, outcome)
 

@@ -7,6 +7,7 @@ import hashlib
 import json
 import uuid
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from typing import Any
 
 
@@ -31,12 +32,18 @@ class CreationPlan:
     steps: list[str] = field(default_factory=list)
 
     def to_manifest(self) -> dict[str, Any]:
+        """The manifest, built once per plan (a create needs it several times);
+        treat it as read-only."""
+        return self._manifest
+
+    @cached_property
+    def _manifest(self) -> dict[str, Any]:
         manifest = asdict(self)
         manifest["workspace_id"] = str(self.workspace_id)
         manifest["parent_id"] = str(self.parent_id) if self.parent_id else None
         return manifest
 
-    @property
+    @cached_property
     def plan_hash(self) -> str:
         canonical = json.dumps(self.to_manifest(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode("utf-8")).hexdigest()

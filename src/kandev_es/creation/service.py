@@ -11,7 +11,7 @@ import uuid
 from collections import Counter
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from kandev_es.application import Tasks, VersionConflict
 from kandev_es.config import Settings
@@ -25,32 +25,29 @@ from kandev_es.creation.steps.registry import plan_step_names
 from kandev_es.creation.steps.wip import CapacityExceeded
 from kandev_es.creation.validation import validate_against_workspace
 from kandev_es.domain.external_id import identity_id, normalize_external_id
-from kandev_es.domain.identity import ABORTED, OUTCOME_CREATED_IDENTITY_LOST, Identity, Tenure
+from kandev_es.domain.identity import ABORTED, OUTCOME_CREATED_IDENTITY_LOST, Identity
 from kandev_es.domain.task import Task
 from kandev_es.domain.wip import WipLedger, wip_ledger_id
 from kandev_es.domain.workspace import Workspace
-from kandev_es.errors import Conflict, TaskNotCreated, Unavailable
+from kandev_es.errors import Conflict, InvalidExternalId, TaskNotCreated, Unavailable
 from kandev_es.services.auth import Principal
 from kandev_es.storage.attestation import AttestationGuard
-from kandev_es.storage.counters import next_office_number
-from kandev_es.storage.database import Database
 from kandev_es.views import task_dto
 
 log = logging.getLogger("kandev_es.creation")
 
 CLAIM_ATTEMPTS = 8
+T = TypeVar("T")
 
 
 class CreationService:
     def __init__(
         self,
         app: Tasks,
-        database: Database,
         attestation: AttestationGuard,
         settings: Settings,
     ) -> None:
         self._app = app
-        self._database = database
         self._attestation = attestation
         self._lease = timedelta(seconds=settings.lease_seconds)
         self._driver = CreationDriver(app, settings)
@@ -65,17 +62,29 @@ class CreationService:
         return result
 
     def _create(self, principal: Principal | None, body: Mapping[str, Any]) -> CreateResult:
-        workspace = self._authorize(principal, body.get("workspace_id"))  # step 1
+        workspace_id = self._workspace_id(principal, body.get("workspace_id"))  # step 1
         assert principal is not None
-        external_id = normalize_external_id(body.get("external_id"))  # step 2
-        if external_id is not None:
+        try:
+            external_id = normalize_external_id(body.get("external_id"))  # step 2
+        except InvalidExternalId:
+            # Authorization still answers first: read the workspace, then refuse.
+            self._authorized(self._app.read_many([workspace_id])[workspace_id])
+            raise
+        key = identity_id(workspace_id, external_id) if external_id is not None else None
+        # One query for the workspace, the identity and (a guess from the last
+        # read) its holder's task: a retry's whole Found is one round trip.
+        reads = self._app.read_many(self._lookup_ids(workspace_id, key))
+        workspace = self._authorized(reads[workspace_id])
+        identity: Identity | None = None
+        if key is not None:
             self._attestation.require()
-            found = self._lookup(workspace.id, external_id)  # step 3
+            identity = _as(reads[key], Identity)
+            found = self._found(identity, reads)  # step 3
             if found is not None:
                 return found
         fields = load_create_request(body)  # step 4: only after the lookup missed
         validate_against_workspace(self._app, workspace, fields)
-        number = next_office_number(self._database, workspace.id)  # step 5
+        number = self._app.next_office_number(workspace.id)  # step 5
         plan = CreationPlan(
             workspace_id=workspace.id,
             external_id=external_id,
@@ -83,16 +92,8 @@ class CreationService:
             **fields,
         )
         plan = dataclasses.replace(plan, steps=plan_step_names(plan.to_manifest()))
-        found = self._admit(workspace, external_id)  # step 6
-        if found is not None:
-            return found
         secret = new_secret()
-        claimed = self._claim(principal, plan, secret)  # step 7
-        if isinstance(claimed, CreateResult):
-            return claimed
-        identity, tenure, _ = claimed
-        failpoints.hit(self._settings, "claim:after")
-        return self._finish(identity.id, tenure.number, secret)  # steps 8-9
+        return self._claim_and_finish(principal, plan, secret, identity)  # steps 6-9
 
     def lookup(self, workspace_id: uuid.UUID, external_id: str) -> CreateResult | None:
         """Side-effect-free: what holds this identity right now, if anything."""
@@ -100,7 +101,8 @@ class CreationService:
         return self._lookup(workspace_id, external_id)
 
     # ----- steps -------------------------------------------------------------
-    def _authorize(self, principal: Principal | None, raw_workspace: object) -> Workspace:
+    @staticmethod
+    def _workspace_id(principal: Principal | None, raw_workspace: object) -> uuid.UUID:
         if principal is None:
             raise TaskNotCreated("not authorized")
         workspace_id: uuid.UUID | None
@@ -113,36 +115,56 @@ class CreationService:
                 workspace_id = None
         if workspace_id is None or not principal.may_act_on(workspace_id):
             raise TaskNotCreated("not authorized")
-        workspace = self._app.read(workspace_id, Workspace)
+        return workspace_id
+
+    @staticmethod
+    def _authorized(read: object) -> Workspace:
+        workspace = _as(read, Workspace)
         if workspace is None or workspace.deleted:
             raise TaskNotCreated("unknown workspace")
         return workspace
 
-    def _lookup(self, workspace_id: uuid.UUID, external_id: str) -> CreateResult | None:
-        identity = self._app.read(identity_id(workspace_id, external_id), Identity)
-        if identity is None:
-            return None
-        return self._found(identity)
+    def _lookup_ids(self, workspace_id: uuid.UUID, key: uuid.UUID | None) -> list[uuid.UUID]:
+        ids = [workspace_id]
+        if key is not None:
+            ids.append(key)
+            seen = self._app.snapshot(key, Identity)
+            holder = seen.holder if seen is not None else None
+            if holder is not None:
+                ids.append(holder.task_id)
+        return ids
 
-    def _found(self, identity: Identity) -> CreateResult | None:
-        holder = identity.holder
+    def _lookup(self, workspace_id: uuid.UUID, external_id: str) -> CreateResult | None:
+        key = identity_id(workspace_id, external_id)
+        reads = self._app.read_many(self._lookup_ids(workspace_id, key)[1:])
+        return self._found(_as(reads[key], Identity), reads)
+
+    def _found(
+        self, identity: Identity | None, reads: Mapping[uuid.UUID, object] | None = None
+    ) -> CreateResult | None:
+        holder = identity.holder if identity is not None else None
         if holder is None:
             return None
-        task = self._app.read(holder.task_id, Task)
+        task = _as((reads or {}).get(holder.task_id), Task)
+        if task is None:  # the guess missed: the identity has a new holder
+            task = _as(self._app.read_many([holder.task_id])[holder.task_id], Task)
         if task is None:  # pragma: no cover - Claimed and Task.Created share one save
             raise Unavailable("identity holder has no task stream")
         outcome = Outcome.FOUND_SETTLED if holder.settled else Outcome.FOUND_UNSETTLED
         return CreateResult(outcome, task_dto(task))
 
-    def _admit(self, workspace: Workspace, external_id: str | None) -> CreateResult | None:
-        """Admission: the workspace must still accept creates. On refusal the
-        identity is re-read first, so a holder still answers Found."""
-        current = self._app.read(workspace.id, Workspace)
+    def _admit(self, workspace_id: uuid.UUID, external_id: str | None) -> Workspace | CreateResult:
+        """Admission, the pre-insert re-read: the workspace must still accept
+        creates (and have capacity). On refusal the identity is re-read first,
+        so a holder still answers Found. Returns the workspace as read now."""
+        ids = [workspace_id, wip_ledger_id(workspace_id)]
+        reads = self._app.read_many(ids)
+        current = _as(reads[workspace_id], Workspace)
         refusal: Exception | None = None
         if current is None or current.deleted:
             refusal = TaskNotCreated("workspace no longer accepts creates")
         elif current.wip_limit is not None:
-            ledger = self._app.read(wip_ledger_id(workspace.id), WipLedger)
+            ledger = _as(reads[ids[1]], WipLedger)
             in_use = len(ledger.reserved) if ledger else 0
             if in_use >= current.wip_limit:
                 refusal = CapacityExceeded(
@@ -150,23 +172,30 @@ class CreationService:
                     wip_limit=current.wip_limit,
                 )
         if refusal is None:
-            return None
+            assert current is not None
+            return current
         if external_id is not None:
-            found = self._lookup(workspace.id, external_id)
+            found = self._lookup(workspace_id, external_id)
             if found is not None:
                 return found
         raise refusal
 
-    def _claim(
-        self, principal: Principal, plan: CreationPlan, secret: str
-    ) -> CreateResult | tuple[Identity, Tenure, Task]:
-        for _ in range(CLAIM_ATTEMPTS):
-            identity = self._load_or_register(plan)
+    def _claim_and_finish(
+        self, principal: Principal, plan: CreationPlan, secret: str, read: Identity | None
+    ) -> CreateResult:
+        for attempt in range(CLAIM_ATTEMPTS):
+            admitted = self._admit(plan.workspace_id, plan.external_id)  # step 6
+            if isinstance(admitted, CreateResult):
+                return admitted
+            # The identity as read at the lookup, on the first attempt, when it
+            # had no events: nothing to load (a concurrent first claim loses
+            # at the version check and the next attempt loads).
+            identity = self._load_or_register(plan, fresh=attempt == 0 and read is None)
             found = self._found(identity)
             if found is not None:
                 return found
             task_id = uuid.uuid4()
-            tenure = identity.claim(
+            tenure = identity.claim(  # step 7
                 task_id=task_id,
                 owner_id=f"{self._owner_prefix}:{uuid.uuid4()}",
                 actor=principal.actor,
@@ -192,23 +221,37 @@ class CreationService:
                 agent_profile=plan.agent_profile,
                 created_by=principal.actor,
             )
+            handle = str(Handle(identity.id, tenure.number, secret))
+            # A plan without effects has nothing to prepare, prove or recover:
+            # it is claimed and completed in one transaction, which commits only
+            # if the workspace has not changed since admission (a deletion
+            # marked in between must not miss this task).
+            inline = not plan.steps
+            if inline:
+                outcome = self._driver.settle_without_effects(identity, task, tenure.number)
             try:
-                self._app.save_atomically(identity, task)
+                self._app.save_atomically(
+                    identity, task, unchanged={admitted.id: admitted.version} if inline else None
+                )
             except VersionConflict:
-                # The backstop: another create claimed first. Re-read.
+                # The backstop: another create claimed first, or the workspace
+                # moved on. Re-read both.
                 continue
             log.info(
                 "claimed workspace=%s identity=%s tenure=%s task=%s",
                 plan.workspace_id, identity.id, tenure.number, task_id,
             )
-            return identity, tenure, task
+            failpoints.hit(self._settings, "claim:after")
+            if inline:
+                return CreateResult(_created(outcome), task_dto(task), handle)
+            return self._finish(identity.id, tenure.number, secret)  # steps 8-9
         raise Conflict("identity is contended; retry the create")
 
-    def _load_or_register(self, plan: CreationPlan) -> Identity:
+    def _load_or_register(self, plan: CreationPlan, fresh: bool) -> Identity:
         if plan.external_id is None:
             return Identity.register(uuid.uuid4(), plan.workspace_id, None)
         key = identity_id(plan.workspace_id, plan.external_id)
-        existing = self._app.load(key, Identity)
+        existing = None if fresh else self._app.load(key, Identity)
         return existing or Identity.register(key, plan.workspace_id, plan.external_id)
 
     def _finish(self, identity_id: uuid.UUID, number: int, secret: str) -> CreateResult:
@@ -222,9 +265,18 @@ class CreationService:
             if done.error is not None:
                 raise done.error
             raise Conflict("the creation was aborted")
-        outcome = (
-            Outcome.CREATED_IDENTITY_LOST
-            if done.tenure.outcome == OUTCOME_CREATED_IDENTITY_LOST
-            else Outcome.CREATED
+        return CreateResult(
+            _created(done.tenure.outcome),
+            task_dto(done.task),
+            str(Handle(identity_id, number, secret)),
         )
-        return CreateResult(outcome, task_dto(done.task), str(Handle(identity_id, number, secret)))
+
+
+def _created(tenure_outcome: str | None) -> Outcome:
+    if tenure_outcome == OUTCOME_CREATED_IDENTITY_LOST:
+        return Outcome.CREATED_IDENTITY_LOST
+    return Outcome.CREATED
+
+
+def _as(aggregate: object, kind: type[T]) -> T | None:
+    return aggregate if isinstance(aggregate, kind) else None

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 from urllib.parse import parse_qs, unquote, urlparse
 
 from kandev_es.errors import StoreUnavailable
+from kandev_es.storage.breaker import StoreBreaker
 
 Row = tuple[Any, ...]
 
@@ -102,12 +103,20 @@ class _PostgresTransaction:
 class PostgresDatabase:
     backend = "postgres"
 
-    def __init__(self, url: str, schema: str | None, pool_size: int = 5) -> None:
+    def __init__(
+        self,
+        url: str,
+        schema: str | None,
+        pool_size: int = 5,
+        breaker: StoreBreaker | None = None,
+        timeout: int = 2,
+    ) -> None:
         from psycopg_pool import ConnectionPool
 
         self.url = url
         self.schema = schema
-        kwargs: dict[str, Any] = {"connect_timeout": 5}
+        self.breaker = breaker or StoreBreaker()
+        kwargs: dict[str, Any] = {"connect_timeout": timeout}
         if schema:
             kwargs["options"] = f"-c search_path={schema}"
         # Checked on checkout, so a connection killed by a database restart is
@@ -118,7 +127,7 @@ class PostgresDatabase:
             max_size=max(pool_size, 2),
             kwargs=kwargs,
             open=True,
-            timeout=5,
+            timeout=timeout,
             check=ConnectionPool.check_connection,
         )
 
@@ -127,11 +136,17 @@ class PostgresDatabase:
         import psycopg
         from psycopg_pool import PoolTimeout
 
+        self.breaker.admit()
         try:
             with self._pool.connection() as connection, connection.transaction():
                 yield _PostgresTransaction(connection)
         except (psycopg.OperationalError, PoolTimeout) as error:
+            self.breaker.failed(str(error))
             raise StoreUnavailable(f"database unavailable: {error}") from None
+        except BaseException:
+            self.breaker.succeeded()
+            raise
+        self.breaker.succeeded()
 
     def create_schema(self) -> None:
         if not self.schema:

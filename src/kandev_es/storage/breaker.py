@@ -1,0 +1,65 @@
+"""Fail fast while the database is down. Once a store call has failed, every
+caller would otherwise wait out the pool's connect timeout again; instead the
+breaker answers ``StoreUnavailable`` at once and lets one call through at a
+time, at most every ``probe_interval`` seconds, to find out whether the
+database is back (that call is the probe — no separate health query)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from kandev_es.errors import StoreUnavailable
+
+
+class StoreBreaker:
+    def __init__(
+        self, probe_interval: float = 0.5, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._interval = probe_interval
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._open_since: float | None = None
+        self._next_probe = 0.0
+        self._probing = False
+        self._reason = ""
+
+    @property
+    def is_open(self) -> bool:
+        return self._open_since is not None
+
+    def admit(self) -> bool:
+        """Raise at once while open, except for the one caller chosen to probe.
+        Returns True when this caller is that probe (report with ``succeeded``
+        or ``failed``)."""
+        if self._open_since is None:  # the common case takes no lock
+            return False
+        with self._lock:
+            if self._open_since is None:
+                return False
+            now = self._clock()
+            if self._probing or now < self._next_probe:
+                down = now - self._open_since
+                raise StoreUnavailable(
+                    f"database unavailable for {down:.1f}s (last error: {self._reason})"
+                )
+            self._probing = True
+            self._next_probe = now + self._interval
+            return True
+
+    def succeeded(self) -> None:
+        if self._open_since is None and not self._probing:
+            return
+        with self._lock:
+            self._open_since = None
+            self._probing = False
+
+    def failed(self, reason: str) -> None:
+        with self._lock:
+            now = self._clock()
+            if self._open_since is None:
+                self._open_since = now
+            self._next_probe = now + self._interval
+            self._probing = False
+            self._reason = reason
