@@ -149,15 +149,9 @@ class Tasks(Application):  # type: ignore[type-arg]
         return aggregate
 
     def read(self, aggregate_id: uuid.UUID, kind: type[A]) -> A | None:
-        """Like ``load`` but shares the cached aggregate instead of copying it:
-        for reads only — never call a command on what this returns."""
-        try:
-            with self._store_call():
-                aggregate: Aggregate = self.repository.get(
-                    aggregate_id, deepcopy_from_cache=False
-                )
-        except AggregateNotFoundError:
-            return None
+        """Like ``load`` but without a copy: a shared, current snapshot (see
+        ``read_many``) — for reads only, never call a command on it."""
+        aggregate = self.read_many([aggregate_id])[aggregate_id]
         return aggregate if isinstance(aggregate, kind) else None
 
     def read_many(self, ids: Iterable[uuid.UUID]) -> dict[uuid.UUID, Aggregate | None]:

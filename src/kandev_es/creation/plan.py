@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import cached_property
 from typing import Any
 
@@ -38,7 +38,12 @@ class CreationPlan:
 
     @cached_property
     def _manifest(self) -> dict[str, Any]:
-        manifest = asdict(self)
+        # Every field is a str, bool, int, UUID or a flat list/dict of str, so a
+        # shallow copy of each is a full copy (asdict's recursion was a hot spot).
+        manifest: dict[str, Any] = {}
+        for item in fields(self):
+            value = getattr(self, item.name)
+            manifest[item.name] = value.copy() if isinstance(value, list | dict) else value
         manifest["workspace_id"] = str(self.workspace_id)
         manifest["parent_id"] = str(self.parent_id) if self.parent_id else None
         return manifest
