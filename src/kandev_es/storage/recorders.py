@@ -25,6 +25,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
+import psycopg
 from eventsourcing.persistence import InterfaceError, OperationalError, StoredEvent
 from eventsourcing.postgres import PostgresAggregateRecorder, PostgresApplicationRecorder
 from eventsourcing.sqlite import SQLiteApplicationRecorder
@@ -145,17 +146,29 @@ class KandevPostgresRecorder(PostgresApplicationRecorder):
     @_retry_once_after_pool_check
     def select_streams(self, since: Versions) -> list[StoredEvent]:
         params = [value for key, version in since.items() for value in (key, version)]
-        with self.datastore.get_connection() as conn, conn.cursor() as curs:
-            curs.execute(self._streams_statement(len(since)), params, prepare=True)
-            return [
-                StoredEvent(
-                    originator_id=row["originator_id"],
-                    originator_version=row["originator_version"],
-                    topic=row["topic"],
-                    state=bytes(row["state"]),
-                )
-                for row in curs.fetchall()
-            ]
+        statement = self._streams_statement(len(since))
+        # Straight from the pool, without the library's per-call wrapper and the
+        # no-op commit of an autocommit connection: this is every Found's query.
+        pool = self.datastore.pool
+        if pool.closed:
+            pool.open(wait=True, timeout=30.0)
+        try:
+            conn = pool.getconn()
+            try:
+                rows = conn.execute(statement, params, prepare=True).fetchall()
+            finally:
+                pool.putconn(conn)
+        except (psycopg.OperationalError, psycopg.InterfaceError) as error:
+            raise OperationalError(str(error)) from error
+        return [
+            StoredEvent(
+                originator_id=row["originator_id"],
+                originator_version=row["originator_version"],
+                topic=row["topic"],
+                state=bytes(row["state"]),
+            )
+            for row in rows
+        ]
 
     @_retry_once_after_pool_check
     def next_office_number(self, workspace_id: uuid.UUID) -> int:
