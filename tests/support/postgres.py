@@ -74,6 +74,22 @@ class Cluster:
         """Stop, then start on the same port (existing connections are dropped)."""
         self.url = _parse_url(_run_script("restart", "--dir", str(self.directory)))
 
+    @property
+    def port(self) -> int:
+        port = urlsplit(self.url).port
+        assert port is not None, self.url
+        return port
+
+    def start(self) -> None:
+        """Start a stopped cluster again on the same port, so ``url`` stays valid
+        (pair with ``stop`` for a "database down for N seconds" window). Fails
+        rather than moving if the port was taken meanwhile; a no-op if running."""
+        url = _parse_url(
+            _run_script("start", "--dir", str(self.directory), "--port", str(self.port))
+        )
+        if url != self.url:
+            raise PostgresScriptError(f"cluster came back at {url}, not {self.url}")
+
 
 def start_cluster(directory: Path) -> Cluster:
     """Start (initialising on first use) the cluster in ``directory``.

@@ -35,7 +35,7 @@ from kandev_es.domain.identity import (
 )
 from kandev_es.domain.task import Task
 from kandev_es.domain.workspace import Workspace
-from kandev_es.errors import KandevError, Unavailable
+from kandev_es.errors import KandevError, StoreUnavailable, Unavailable
 
 log = logging.getLogger("kandev_es.creation")
 MAX_PASSES = 50
@@ -171,6 +171,10 @@ class CreationDriver:
         except StepFailed as failed:
             self._abort(identity, number, step.name, failed.error)
             return failed.error
+        except StoreUnavailable:
+            # Reconciling would need the same database: stop here, answer 503;
+            # the step stays `started` and the Runtime reconciles it later.
+            raise
         except Exception as error:  # the effect's result is unknown: ask the world
             log.exception("step %s raised; reconciling", step.name)
             self._record(identity, number, step.name, UNKNOWN, {"error": repr(error)})

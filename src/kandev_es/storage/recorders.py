@@ -30,6 +30,7 @@ from eventsourcing.persistence import InterfaceError, OperationalError, StoredEv
 from eventsourcing.postgres import PostgresAggregateRecorder, PostgresApplicationRecorder
 from eventsourcing.sqlite import SQLiteApplicationRecorder
 from psycopg.sql import SQL, Identifier
+from psycopg_pool import PoolTimeout
 
 from kandev_es.storage.counters import sequence_name
 
@@ -50,7 +51,9 @@ def _retry_once_after_pool_check(method: F) -> F:
     def call(self: PostgresApplicationRecorder, *args: Any, **kwargs: Any) -> Any:
         try:
             return method(self, *args, **kwargs)
-        except (InterfaceError, OperationalError):
+        except (InterfaceError, OperationalError) as error:
+            if isinstance(error.__cause__, PoolTimeout):
+                raise  # no connection to be had: waiting again would only double it
             self.datastore.pool.check()  # drop dead connections, start new ones
             return method(self, *args, **kwargs)
 
