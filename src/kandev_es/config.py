@@ -34,7 +34,7 @@ class Settings:
     pg_pre_ping: str = "n"
     # Seconds a store call waits for a PostgreSQL connection before it fails
     # with a 503 (the library's default of 5, retried 10 times, hung ~50 s).
-    pg_connect_timeout: int = 2
+    pg_connect_timeout: int = 1
 
     @property
     def backend(self) -> str:
@@ -70,7 +70,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         failpoint=env.get("KANDEV_FAILPOINT") or None,
         runtime_in_process=_flag(env.get("KANDEV_RUNTIME_IN_PROCESS"), True),
         pg_pre_ping="y" if _flag(env.get("KANDEV_PG_PRE_PING"), False) else "n",
-        pg_connect_timeout=int(env.get("KANDEV_PG_CONNECT_TIMEOUT") or 2),
+        pg_connect_timeout=int(env.get("KANDEV_PG_CONNECT_TIMEOUT") or 1),
     )
 
 

@@ -360,6 +360,25 @@ def report(name: str, figures: dict[str, Any]) -> None:
 
 
 # ----- the tests ----------------------------------------------------------------
+def settle_and_report(
+    name: str,
+    settings: Settings,
+    load: CreateLoad,
+    attempts: list[Attempt],
+    figures: dict[str, Any],
+    started: float,
+) -> None:
+    """The after-the-fault checks (against the event store and read models),
+    then one JSON line of measurements."""
+    services = inspect(settings)
+    try:
+        figures.update(assert_nothing_lost_or_doubled(load, services, attempts))
+    finally:
+        services.close()
+    figures["test_s"] = round(time.monotonic() - started, 1)
+    report(name, figures)
+
+
 @pytest.mark.parametrize("profile", profiles(SHORT, LONG_OUTAGES))
 def test_database_outage_during_create_load_fails_fast_and_loses_no_created(
     profile: Profile,
@@ -417,13 +436,7 @@ def test_database_outage_during_create_load_fails_fast_and_loses_no_created(
     ]
     assert not early, f"answered other than a typed 503 while the database was down: {early[:5]}"
 
-    services = inspect(settings)
-    try:
-        figures.update(assert_nothing_lost_or_doubled(load, services, attempts))
-    finally:
-        services.close()
-    figures["test_s"] = round(time.monotonic() - started, 1)
-    report("database outage", figures)
+    settle_and_report("database outage", settings, load, attempts, figures, started)
 
 
 @pytest.mark.parametrize("profile", profiles(SHORT_KILLS, LONG_KILLS))
@@ -465,10 +478,4 @@ def test_sigkill_of_web_workers_during_create_load_loses_no_created(
         "workers_killed": len(killed),
         "dropped_connections": sum(1 for a in attempts if a.status is None),
     }
-    services = inspect(settings)
-    try:
-        figures.update(assert_nothing_lost_or_doubled(load, services, attempts))
-    finally:
-        services.close()
-    figures["test_s"] = round(time.monotonic() - started, 1)
-    report("worker SIGKILL", figures)
+    settle_and_report("worker SIGKILL", settings, load, attempts, figures, started)

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tests.support.served import build_request
+
 # The 503 codes a create may answer while the store is unreachable (errors.py).
 TYPED_503 = frozenset({"store_unavailable", "unavailable", "creation_handed_over"})
 SUCCESS_OUTCOMES = frozenset({"created", "found_settled", "found_unsettled"})
@@ -59,12 +61,7 @@ def call(
 ) -> tuple[int | None, Any, dict[str, str], str | None]:
     """(status, json body, headers, connection error class) — never raises for
     HTTP or connection failures."""
-    headers = {"Authorization": f"Bearer {token}"}
-    data = None
-    if body is not None:
-        data = json.dumps(body).encode()
-        headers["Content-Type"] = "application/json"
-    request = urllib.request.Request(url, data=data, method=method, headers=headers)
+    request = build_request(method, url, token, body)
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             status, text, got = response.status, response.read(), dict(response.headers)

@@ -31,6 +31,18 @@ class Reply:
     body: Any
 
 
+def build_request(
+    method: str, url: str, token: str | None = None, body: Any = None, raw: bytes | None = None
+) -> urllib.request.Request:
+    """A request with a bearer token and a JSON (or raw) body."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    data = raw
+    if body is not None:
+        data = json.dumps(body).encode()
+        headers["Content-Type"] = "application/json"
+    return urllib.request.Request(url, data=data, method=method, headers=headers)
+
+
 def http(
     method: str,
     url: str,
@@ -39,12 +51,7 @@ def http(
     raw: bytes | None = None,
     timeout: float = 20.0,
 ) -> Reply:
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    data = raw
-    if body is not None:
-        data = json.dumps(body).encode()
-        headers["Content-Type"] = "application/json"
-    request = urllib.request.Request(url, data=data, method=method, headers=headers)
+    request = build_request(method, url, token, body, raw)
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             status, text = response.status, response.read()

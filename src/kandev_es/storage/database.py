@@ -109,14 +109,15 @@ class PostgresDatabase:
         schema: str | None,
         pool_size: int = 5,
         breaker: StoreBreaker | None = None,
-        timeout: int = 2,
+        timeout: int = 1,
     ) -> None:
         from psycopg_pool import ConnectionPool
 
         self.url = url
         self.schema = schema
         self.breaker = breaker or StoreBreaker()
-        kwargs: dict[str, Any] = {"connect_timeout": timeout}
+        # The pool waits `timeout`; libpq itself is not reliable under 2 s.
+        kwargs: dict[str, Any] = {"connect_timeout": max(2, timeout)}
         if schema:
             kwargs["options"] = f"-c search_path={schema}"
         # Checked on checkout, so a connection killed by a database restart is
