@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import logging
 import threading
 import uuid
 from collections import OrderedDict
@@ -18,6 +19,7 @@ from kandev_es.config import Settings
 from kandev_es.errors import StoreUnavailable
 from kandev_es.storage.breaker import StoreBreaker
 from kandev_es.storage.database import parse_postgres_url
+from kandev_es.storage.reconnect import reconnect_quickly
 from kandev_es.storage.recorders import (
     POSTGRES_RECORDER_TOPIC,
     SQLITE_RECORDER_TOPIC,
@@ -25,6 +27,7 @@ from kandev_es.storage.recorders import (
 )
 
 A = TypeVar("A", bound=Aggregate)
+log = logging.getLogger("kandev_es.store")
 
 
 class VersionConflict(Exception):
@@ -112,6 +115,7 @@ class Tasks(Application):  # type: ignore[type-arg]
         super().__init__(env=event_store_env(settings))
         # Only PostgreSQL goes away; SQLite's errors are lock timeouts.
         if breaker is None and settings.database_url:
+            reconnect_quickly()
             breaker = StoreBreaker()
         self.breaker = breaker
         self._snapshots = ReadCache()
@@ -128,15 +132,17 @@ class Tasks(Application):  # type: ignore[type-arg]
                 raise StoreUnavailable(f"event store unavailable: {error}") from None
             return
         breaker.admit()
+        started = breaker.now()
         try:
             yield
         except OperationalError as error:
             breaker.failed(str(error))
+            log.warning("event store call failed after %.2fs: %s", breaker.now() - started, error)
             raise StoreUnavailable(f"event store unavailable: {error}") from None
         except BaseException:
-            breaker.succeeded()  # the store answered (a conflict, a missing aggregate)
+            breaker.succeeded(started)  # the store answered (a conflict, a missing aggregate)
             raise
-        breaker.succeeded()
+        breaker.succeeded(started)
 
     def load(self, aggregate_id: uuid.UUID, kind: type[A]) -> A | None:
         try:

@@ -89,7 +89,10 @@ def test_breaker_refuses_at_once_and_lets_one_probe_through_per_interval():
     breaker.failed("still down")
     with pytest.raises(StoreUnavailable, match="still down"):
         breaker.admit()
+    breaker.succeeded(started=99.0)  # a call begun before the failure proves nothing
+    with pytest.raises(StoreUnavailable):
+        breaker.admit()
     clock.now += 0.6
     assert breaker.admit() is True
-    breaker.succeeded()
+    breaker.succeeded(started=clock.now)
     assert breaker.admit() is False and not breaker.is_open

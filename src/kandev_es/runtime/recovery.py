@@ -17,6 +17,7 @@ from kandev_es.bootstrap import Services
 from kandev_es.creation.driver import CreationDriver, Fenced
 from kandev_es.domain.errors import DomainRuleBroken
 from kandev_es.domain.identity import Identity
+from kandev_es.errors import StoreUnavailable
 
 log = logging.getLogger("kandev_es.runtime")
 
@@ -84,6 +85,8 @@ class Runtime:
         while not self._stop.is_set():
             try:
                 self.recover_once()
+            except StoreUnavailable as error:  # an outage, already logged once by the store
+                log.warning("recovery scan skipped: %s", error)
             except Exception:  # keep recovering; the next scan retries
                 log.exception("recovery scan failed")
             self._stop.wait(poll_seconds)

@@ -6,11 +6,14 @@ database is back (that call is the probe — no separate health query)."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
 
 from kandev_es.errors import StoreUnavailable
+
+log = logging.getLogger("kandev_es.store")
 
 
 class StoreBreaker:
@@ -48,10 +51,20 @@ class StoreBreaker:
             self._next_probe = now + self._interval
             return True
 
-    def succeeded(self) -> None:
+    def now(self) -> float:
+        return self._clock()
+
+    def succeeded(self, started: float) -> None:
+        """A call that began at ``started`` (``now()``) got its answer. Only a
+        call begun after the breaker opened proves the database is back: one
+        that was already running when another failed proves nothing."""
         if self._open_since is None and not self._probing:
             return
         with self._lock:
+            if self._open_since is not None and started < self._open_since:
+                return
+            if self._open_since is not None:
+                log.warning("database back after %.1fs", self._clock() - self._open_since)
             self._open_since = None
             self._probing = False
 
@@ -59,6 +72,7 @@ class StoreBreaker:
         with self._lock:
             now = self._clock()
             if self._open_since is None:
+                log.warning("database unavailable, failing fast: %s", reason)
                 self._open_since = now
             self._next_probe = now + self._interval
             self._probing = False

@@ -113,6 +113,9 @@ class PostgresDatabase:
     ) -> None:
         from psycopg_pool import ConnectionPool
 
+        from kandev_es.storage.reconnect import reconnect_quickly
+
+        reconnect_quickly()
         self.url = url
         self.schema = schema
         self.breaker = breaker or StoreBreaker()
@@ -138,6 +141,7 @@ class PostgresDatabase:
         from psycopg_pool import PoolTimeout
 
         self.breaker.admit()
+        started = self.breaker.now()
         try:
             with self._pool.connection() as connection, connection.transaction():
                 yield _PostgresTransaction(connection)
@@ -145,9 +149,9 @@ class PostgresDatabase:
             self.breaker.failed(str(error))
             raise StoreUnavailable(f"database unavailable: {error}") from None
         except BaseException:
-            self.breaker.succeeded()
+            self.breaker.succeeded(started)
             raise
-        self.breaker.succeeded()
+        self.breaker.succeeded(started)
 
     def create_schema(self) -> None:
         if not self.schema:

@@ -21,6 +21,7 @@ protocol needs beyond the library's:
 from __future__ import annotations
 
 import functools
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -35,6 +36,7 @@ from psycopg_pool import PoolTimeout
 from kandev_es.storage.counters import sequence_name
 
 F = TypeVar("F", bound=Callable[..., Any])
+FAST_FAILURE_S = 0.25
 Versions = Mapping[uuid.UUID, int]
 
 
@@ -49,11 +51,17 @@ def _unretried(method: Any) -> Any:
 def _retry_once_after_pool_check(method: F) -> F:
     @functools.wraps(method)
     def call(self: PostgresApplicationRecorder, *args: Any, **kwargs: Any) -> Any:
+        started = time.monotonic()
         try:
             return method(self, *args, **kwargs)
         except (InterfaceError, OperationalError) as error:
-            if isinstance(error.__cause__, PoolTimeout):
-                raise  # no connection to be had: waiting again would only double it
+            # Retry only what a restart leaves behind: a pooled connection that
+            # failed at once. A pool timeout or a slow failure means the database
+            # is unreachable, and waiting again would only double the wait.
+            if isinstance(error.__cause__, PoolTimeout) or (
+                time.monotonic() - started > FAST_FAILURE_S
+            ):
+                raise
             self.datastore.pool.check()  # drop dead connections, start new ones
             return method(self, *args, **kwargs)
 
