@@ -45,6 +45,8 @@ def test_quick_bench_prints_every_measurement_and_a_single_storm_task():
     assert {"p50_ms", "p99_ms"} <= report["projection_lag"].keys()
     assert report["rebuild"]["events_per_s"] > 0
     assert "crash_to_found_settled_s" in report["recovery"], report["recovery"]
+    assert report["recovery"]["runtime_runs"] >= 1  # the Runtime, not the owner, settled it
+    assert report["database"]["fsync"] in ("on", "off")  # printed beside the ratios
     assert report["targets"]["storm_tasks"]["met"] is True
     assert {"found_in_process_vs_raw_select", "created_in_process_vs_raw_insert_tx"} <= report[
         "targets"
