@@ -6,7 +6,6 @@ import copy
 import logging
 import threading
 import uuid
-from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, TypeVar, cast
@@ -41,19 +40,17 @@ READ_CACHE_SIZE = 20000
 class ReadCache:
     """Snapshots for ``Tasks.read_many``. An entry is never changed in place:
     catching up copies it, applies the new events and swaps the copy in, so a
-    reader holding the old snapshot never sees half an event."""
+    reader holding the old snapshot never sees half an event. Lookups take no
+    lock (a dict read is atomic); the oldest entry goes first when full (a hot
+    aggregate evicted is only read once more from its stream)."""
 
     def __init__(self, maxsize: int = READ_CACHE_SIZE) -> None:
         self._maxsize = maxsize
-        self._items: OrderedDict[uuid.UUID, Aggregate] = OrderedDict()
+        self._items: dict[uuid.UUID, Aggregate] = {}
         self._lock = threading.Lock()
 
     def get(self, key: uuid.UUID) -> Aggregate | None:
-        with self._lock:
-            found = self._items.get(key)
-            if found is not None:
-                self._items.move_to_end(key)
-            return found
+        return self._items.get(key)
 
     def put(self, key: uuid.UUID, aggregate: Aggregate) -> None:
         with self._lock:
@@ -61,9 +58,8 @@ class ReadCache:
             if current is not None and current.version > aggregate.version:
                 return  # a concurrent reader already stored a newer snapshot
             self._items[key] = aggregate
-            self._items.move_to_end(key)
             while len(self._items) > self._maxsize:
-                self._items.popitem(last=False)
+                del self._items[next(iter(self._items))]
 
 
 # Recently used aggregates stay in memory and are fast-forwarded with the events
@@ -165,26 +161,30 @@ class Tasks(Application):  # type: ignore[type-arg]
         in ONE query: the events after each cached snapshot's version (after
         version 0 for one not cached). Every id is a key of the answer; an
         aggregate with no events maps to None."""
-        wanted = list(dict.fromkeys(ids))
-        snapshots = {key: self._snapshots.get(key) for key in wanted}
-        since = {key: (s.version if s is not None else 0) for key, s in snapshots.items()}
+        wanted = ids if isinstance(ids, list) else list(ids)
+        if len(wanted) > 1 and len(set(wanted)) < len(wanted):
+            wanted = list(dict.fromkeys(wanted))
+        snapshots = [self._snapshots.get(key) for key in wanted]
+        since = [
+            (key, snapshot.version if snapshot is not None else 0)
+            for key, snapshot in zip(wanted, snapshots, strict=True)
+        ]
         with self._store_call():
             stored = cast(Any, self.recorder).select_streams(since)
+        answer: dict[uuid.UUID, Aggregate | None] = dict(zip(wanted, snapshots, strict=True))
+        if not stored:  # the common case: nothing new since the last read
+            return answer
         newer: dict[uuid.UUID, list[StoredEvent]] = {}
         for event in stored:
-            newer.setdefault(uuid.UUID(str(event.originator_id)), []).append(event)
-        answer: dict[uuid.UUID, Aggregate | None] = {}
-        for key in wanted:
-            snapshot = snapshots[key]
-            events = newer.get(key)
-            if events:
-                aggregate: Any = copy.deepcopy(snapshot) if snapshot is not None else None
-                for event in events:
-                    aggregate = cast(Any, self.mapper.to_domain_event(event)).mutate(aggregate)
-                if aggregate is not None:
-                    self._snapshots.put(key, aggregate)
-                snapshot = aggregate
-            answer[key] = snapshot
+            newer.setdefault(cast(uuid.UUID, event.originator_id), []).append(event)
+        for key, events in newer.items():
+            snapshot = answer[key]
+            aggregate: Any = copy.deepcopy(snapshot) if snapshot is not None else None
+            for event in events:
+                aggregate = cast(Any, self.mapper.to_domain_event(event)).mutate(aggregate)
+            if aggregate is not None:
+                self._snapshots.put(key, aggregate)
+            answer[key] = aggregate
         return answer
 
     def next_office_number(self, workspace_id: uuid.UUID) -> int:

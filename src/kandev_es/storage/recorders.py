@@ -38,6 +38,7 @@ from kandev_es.storage.counters import sequence_name
 F = TypeVar("F", bound=Callable[..., Any])
 FAST_FAILURE_S = 0.25
 Versions = Mapping[uuid.UUID, int]
+Since = Sequence[tuple[uuid.UUID, int]]  # (aggregate id, version already known)
 
 
 class StreamsAdvanced(Exception):
@@ -155,8 +156,8 @@ class KandevPostgresRecorder(PostgresApplicationRecorder):
         return statement
 
     @_retry_once_after_pool_check
-    def select_streams(self, since: Versions) -> list[StoredEvent]:
-        params = [value for key, version in since.items() for value in (key, version)]
+    def select_streams(self, since: Since) -> list[StoredEvent]:
+        params = [value for key, version in since for value in (key, version)]
         statement = self._streams_statement(len(since))
         # Straight from the pool, without the library's per-call wrapper and the
         # no-op commit of an autocommit connection: this is every Found's query.
@@ -202,13 +203,13 @@ class KandevSQLiteRecorder(SQLiteApplicationRecorder):
             )
             return int(c.fetchone()[0])
 
-    def select_streams(self, since: Versions) -> list[StoredEvent]:
+    def select_streams(self, since: Since) -> list[StoredEvent]:
         one = (
             f"SELECT originator_id, originator_version, topic, state"
             f" FROM {self.events_table_name} WHERE originator_id = ? AND originator_version > ?"
         )
         statement = " UNION ALL ".join([one] * len(since))
-        params = [p for key, version in since.items() for p in (key.hex, version)]
+        params = [p for key, version in since for p in (key.hex, version)]
         with self.datastore.transaction(commit=False) as c:
             c.execute(statement, params)
             rows = c.fetchall()
