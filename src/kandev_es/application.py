@@ -16,7 +16,7 @@ from eventsourcing.persistence import IntegrityError, OperationalError, StoredEv
 
 from kandev_es.config import Settings
 from kandev_es.errors import StoreUnavailable
-from kandev_es.storage.breaker import StoreBreaker
+from kandev_es.storage.breaker import StoreBreaker, means_unreachable
 from kandev_es.storage.database import parse_postgres_url
 from kandev_es.storage.reconnect import reconnect_quickly
 from kandev_es.storage.recorders import (
@@ -132,7 +132,8 @@ class Tasks(Application):  # type: ignore[type-arg]
         try:
             yield
         except OperationalError as error:
-            breaker.failed(str(error))
+            if means_unreachable(error):
+                breaker.failed(str(error))
             log.warning("event store call failed after %.2fs: %s", breaker.now() - started, error)
             raise StoreUnavailable(f"event store unavailable: {error}") from None
         except BaseException:

@@ -96,3 +96,20 @@ def test_breaker_refuses_at_once_and_lets_one_probe_through_per_interval():
     assert breaker.admit() is True
     breaker.succeeded(started=clock.now)
     assert breaker.admit() is False and not breaker.is_open
+
+
+def test_only_a_connection_that_cannot_be_had_opens_the_breaker():
+    import psycopg
+    from eventsourcing.persistence import OperationalError
+    from psycopg_pool import PoolTimeout
+
+    from kandev_es.storage.breaker import means_unreachable
+
+    assert means_unreachable(PoolTimeout("couldn't get a connection after 1.00 sec"))
+    wrapped = OperationalError("couldn't get a connection")
+    wrapped.__cause__ = PoolTimeout("couldn't get a connection")
+    assert means_unreachable(wrapped)
+    # A deadlock, or the one dead connection a restart leaves behind, says
+    # nothing about the next call.
+    assert not means_unreachable(psycopg.errors.DeadlockDetected("deadlock detected"))
+    assert not means_unreachable(psycopg.OperationalError("terminating connection"))

@@ -1,6 +1,6 @@
-"""Fail fast while the database is down. Once a store call has failed, every
-caller would otherwise wait out the pool's connect timeout again; instead the
-breaker answers ``StoreUnavailable`` at once and lets one call through at a
+"""Fail fast while the database is down. Once a store call has found no
+connection to be had, every caller would otherwise wait out the pool timeout
+again; instead the breaker answers ``StoreUnavailable`` at once and lets one call through at a
 time, at most every ``probe_interval`` seconds, to find out whether the
 database is back (that call is the probe — no separate health query)."""
 
@@ -14,6 +14,15 @@ from collections.abc import Callable
 from kandev_es.errors import StoreUnavailable
 
 log = logging.getLogger("kandev_es.store")
+
+
+def means_unreachable(error: BaseException) -> bool:
+    """Only "no connection could be had in time" opens the breaker. A single
+    dead connection (a restart leaves some behind) or a query-level failure
+    such as a deadlock says nothing about the next call."""
+    from psycopg_pool import PoolTimeout
+
+    return isinstance(error, PoolTimeout) or isinstance(error.__cause__, PoolTimeout)
 
 
 class StoreBreaker:

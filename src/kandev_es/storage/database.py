@@ -13,7 +13,7 @@ from typing import Any, Protocol
 from urllib.parse import parse_qs, unquote, urlparse
 
 from kandev_es.errors import StoreUnavailable
-from kandev_es.storage.breaker import StoreBreaker
+from kandev_es.storage.breaker import StoreBreaker, means_unreachable
 
 Row = tuple[Any, ...]
 
@@ -146,7 +146,8 @@ class PostgresDatabase:
             with self._pool.connection() as connection, connection.transaction():
                 yield _PostgresTransaction(connection)
         except (psycopg.OperationalError, PoolTimeout) as error:
-            self.breaker.failed(str(error))
+            if means_unreachable(error):
+                self.breaker.failed(str(error))
             raise StoreUnavailable(f"database unavailable: {error}") from None
         except BaseException:
             self.breaker.succeeded(started)
