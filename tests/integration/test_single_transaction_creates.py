@@ -1,9 +1,9 @@
 """A create whose plan has no effects is claimed and completed in ONE
-transaction, guarded by the workspace version read at admission: a workspace
-deletion that lands between admission and that transaction makes it write
-nothing (it cannot leave a task the deletion's scan missed). The read path
-behind a Found fetches several streams in one query and never changes a
-snapshot another reader holds."""
+transaction, guarded by the workspace version read at admission (the lookup's
+read, for such a plan): a workspace deletion that lands between admission and
+that transaction makes it write nothing (it cannot leave a task the deletion's
+scan missed). The read path behind a Found fetches several streams in one
+query and never changes a snapshot another reader holds."""
 
 from __future__ import annotations
 
@@ -48,19 +48,22 @@ def test_an_effect_free_create_commits_claim_and_completion_together(services, m
     assert services.app.max_notification_id() - before >= 6
 
 
-def test_a_deletion_between_admission_and_claim_leaves_no_task(services, member, monkeypatch):
+def test_a_deletion_between_lookup_and_claim_leaves_no_task(services, member, monkeypatch):
+    # The lookup's workspace read is an effect-free plan's admission; the
+    # office number is drawn after it, so a deletion landing there is exactly
+    # the one the claim transaction's guard must see.
     principal, _ = member
     service = services.creation
-    admit = service._admit
+    draw = services.app.next_office_number
 
-    def admit_then_workspace_deleted(workspace_id, external_id):
-        admitted = admit(workspace_id, external_id)
-        if not hasattr(admit_then_workspace_deleted, "done"):
-            admit_then_workspace_deleted.done = True  # type: ignore[attr-defined]
+    def draw_then_workspace_deleted(workspace_id):
+        number = draw(workspace_id)
+        if not hasattr(draw_then_workspace_deleted, "done"):
+            draw_then_workspace_deleted.done = True  # type: ignore[attr-defined]
             services.workspace_deletion.delete(workspace_id)
-        return admitted
+        return number
 
-    monkeypatch.setattr(service, "_admit", admit_then_workspace_deleted)
+    monkeypatch.setattr(services.app, "next_office_number", draw_then_workspace_deleted)
     before = services.app.max_notification_id()
     deleted_at = None
     with pytest.raises(TaskNotCreated):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -32,7 +33,7 @@ UNSETTLED_ADVICE = (
 @dataclass(frozen=True)
 class CreateResult:
     outcome: Outcome
-    task: dict[str, Any]
+    task: Mapping[str, Any]  # read-only: Found answers share it
     # The private creation handle: only a request that Created gets one (AC-5).
     handle: str | None = None
 

@@ -11,6 +11,7 @@ import uuid
 from collections import Counter
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
+from types import MappingProxyType
 from typing import Any, TypeVar
 
 from kandev_es.application import Tasks, VersionConflict
@@ -37,6 +38,7 @@ from kandev_es.views import task_dto
 log = logging.getLogger("kandev_es.creation")
 
 CLAIM_ATTEMPTS = 8
+DTO_CACHE_SIZE = 4096
 T = TypeVar("T")
 
 
@@ -54,6 +56,10 @@ class CreationService:
         self._settings = settings
         self._owner_prefix = f"{socket.gethostname()}:{os.getpid()}"
         self.outcome_counts: Counter[str] = Counter()
+        # The DTO of each recently answered task snapshot: snapshots are never
+        # changed in place (see ReadCache), so the same object means the same
+        # DTO, and a retry storm does not rebuild it for every answer.
+        self._dtos: dict[uuid.UUID, tuple[Task, Mapping[str, Any]]] = {}
 
     # ----- the protocol ------------------------------------------------------
     def create(self, principal: Principal | None, body: Mapping[str, Any]) -> CreateResult:
@@ -93,7 +99,7 @@ class CreationService:
         )
         plan = dataclasses.replace(plan, steps=plan_step_names(plan.to_manifest()))
         secret = new_secret()
-        return self._claim_and_finish(principal, plan, secret, identity)  # steps 6-9
+        return self._claim_and_finish(principal, plan, secret, identity, workspace)  # steps 6-9
 
     def lookup(self, workspace_id: uuid.UUID, external_id: str) -> CreateResult | None:
         """Side-effect-free: what holds this identity right now, if anything."""
@@ -151,7 +157,17 @@ class CreationService:
         if task is None:  # pragma: no cover - Claimed and Task.Created share one save
             raise Unavailable("identity holder has no task stream")
         outcome = Outcome.FOUND_SETTLED if holder.settled else Outcome.FOUND_UNSETTLED
-        return CreateResult(outcome, task_dto(task))
+        return CreateResult(outcome, self._dto(task))
+
+    def _dto(self, task: Task) -> Mapping[str, Any]:
+        cached = self._dtos.get(task.id)
+        if cached is not None and cached[0] is task:
+            return cached[1]
+        dto = MappingProxyType(task_dto(task))  # shared between answers: read-only
+        if len(self._dtos) >= DTO_CACHE_SIZE:
+            self._dtos.clear()
+        self._dtos[task.id] = (task, dto)
+        return dto
 
     def _admit(self, workspace_id: uuid.UUID, external_id: str | None) -> Workspace | CreateResult:
         """Admission, the pre-insert re-read: the workspace must still accept
@@ -181,10 +197,27 @@ class CreationService:
         raise refusal
 
     def _claim_and_finish(
-        self, principal: Principal, plan: CreationPlan, secret: str, read: Identity | None
+        self,
+        principal: Principal,
+        plan: CreationPlan,
+        secret: str,
+        read: Identity | None,
+        workspace: Workspace,
     ) -> CreateResult:
+        # A plan without effects has nothing to prepare, prove or recover:
+        # it is claimed and completed in one transaction, which commits only
+        # if the workspace has not changed since admission (a deletion
+        # marked in between must not miss this task).
+        inline = not plan.steps
         for attempt in range(CLAIM_ATTEMPTS):
-            admitted = self._admit(plan.workspace_id, plan.external_id)  # step 6
+            admitted: Workspace | CreateResult
+            if inline and attempt == 0:
+                # The workspace as the lookup read it is the admission: no WIP
+                # limit then (else the plan would reserve), and the guarded save
+                # commits only if the workspace is still that version.
+                admitted = workspace
+            else:
+                admitted = self._admit(plan.workspace_id, plan.external_id)  # step 6
             if isinstance(admitted, CreateResult):
                 return admitted
             # The identity as read at the lookup, on the first attempt, when it
@@ -222,11 +255,6 @@ class CreationService:
                 created_by=principal.actor,
             )
             handle = str(Handle(identity.id, tenure.number, secret))
-            # A plan without effects has nothing to prepare, prove or recover:
-            # it is claimed and completed in one transaction, which commits only
-            # if the workspace has not changed since admission (a deletion
-            # marked in between must not miss this task).
-            inline = not plan.steps
             if inline:
                 outcome = self._driver.settle_without_effects(identity, task, tenure.number)
             try:

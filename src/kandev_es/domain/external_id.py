@@ -11,6 +11,7 @@ byte-exact.
 
 from __future__ import annotations
 
+import functools
 import uuid
 
 from kandev_es.errors import InvalidExternalId
@@ -55,6 +56,7 @@ def normalize_external_id(raw: object) -> str | None:
     return trimmed
 
 
+@functools.lru_cache(maxsize=65536)  # a retry asks again for the same one (SHA-1)
 def identity_id(workspace_id: uuid.UUID, external_id: str) -> uuid.UUID:
     """Aggregate id of the identity: the event store's unique (originator_id,
     version) index is then the uniqueness backstop."""

@@ -113,6 +113,7 @@ class PostgresDatabase:
     ) -> None:
         from psycopg_pool import ConnectionPool
 
+        from kandev_es.storage.pools import serve_most_recent_first
         from kandev_es.storage.reconnect import reconnect_quickly
 
         reconnect_quickly()
@@ -134,6 +135,7 @@ class PostgresDatabase:
             timeout=timeout,
             check=ConnectionPool.check_connection,
         )
+        serve_most_recent_first(self._pool)
 
     @contextmanager
     def transaction(self) -> Iterator[_PostgresTransaction]:
