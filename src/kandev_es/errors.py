@@ -31,6 +31,12 @@ class MalformedJson(BadRequest):
     code = "malformed_json"
 
 
+class MalformedQuery(BadRequest):
+    """The query string is not UTF-8 once percent-decoded."""
+
+    code = "malformed_query"
+
+
 class InvalidExternalId(BadRequest):
     code = "invalid_external_id"
 

@@ -15,22 +15,16 @@ from flask_smorest import Blueprint
 
 from kandev_es.api.context import path_uuid, principal, services
 from kandev_es.errors import WorkspaceNotFound
-from kandev_es.services.feeds import (
-    MAX_PAGE,
-    MAX_STREAM_SECONDS,
-    feed_page,
-    parse_bounded,
-    parse_cursor,
-    sse_stream,
-)
+from kandev_es.limits import MAX_CURSOR, parse_bounded, parse_cursor
+from kandev_es.services.feeds import MAX_PAGE, MAX_STREAM_SECONDS, feed_page, sse_stream
 
 blp = Blueprint("events", __name__, url_prefix="/api/v1", description="Event feeds")
 
 _AFTER = {
     "name": "after",
     "in": "query",
-    "schema": {"type": "integer", "minimum": 0},
-    "description": "feed cursor: return events after this position",
+    "schema": {"type": "integer", "minimum": 0, "maximum": MAX_CURSOR},
+    "description": "feed cursor: return events after this position (400 invalid_cursor outside)",
 }
 
 
@@ -48,7 +42,11 @@ class EventFeed(MethodView):
         summary="task.created / task.updated events after a cursor",
         parameters=[
             _AFTER,
-            {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1}},
+            {
+                "name": "limit",
+                "in": "query",
+                "schema": {"type": "integer", "minimum": 1, "maximum": MAX_PAGE},
+            },
         ],
         responses={200: {"description": "a page: items, next_cursor, has_more"}},
     )
@@ -65,8 +63,16 @@ class EventStream(MethodView):
         summary="Server-Sent Events; resume with Last-Event-ID",
         parameters=[
             _AFTER,
-            {"name": "max_seconds", "in": "query", "schema": {"type": "number"}},
-            {"name": "Last-Event-ID", "in": "header", "schema": {"type": "integer"}},
+            {
+                "name": "max_seconds",
+                "in": "query",
+                "schema": {"type": "number", "minimum": 0, "maximum": MAX_STREAM_SECONDS},
+            },
+            {
+                "name": "Last-Event-ID",
+                "in": "header",
+                "schema": {"type": "integer", "minimum": 0, "maximum": MAX_CURSOR},
+            },
         ],
         responses={200: {"description": "text/event-stream; each id is a feed cursor"}},
     )

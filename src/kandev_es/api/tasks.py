@@ -169,9 +169,9 @@ def _if_match_revision() -> int | None:
     header = request.headers.get("If-Match")
     if not header:
         return None
-    try:
-        return int(header.strip().strip('"'))
-    except ValueError:
+    text = header.strip().strip('"')
+    if not text.isascii() or not text.isdigit() or len(text) > 19:
         from kandev_es.errors import BadRequest
 
-        raise BadRequest("If-Match must be a task revision") from None
+        raise BadRequest("If-Match must be a task revision")
+    return int(text)

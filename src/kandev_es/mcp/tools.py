@@ -86,7 +86,12 @@ LIST_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {
         "workspace_id": _UUID | {"description": "default: the token's or the only workspace"},
-        "after": {"type": "integer", "minimum": 0, "description": "cursor: next_cursor"},
+        "after": {
+            "type": "integer",
+            "minimum": 0,
+            "maximum": 2**63 - 1,
+            "description": "cursor: next_cursor",
+        },
         "limit": {"type": "integer", "minimum": 1, "maximum": 500, "default": 50},
         "include_archived": {"type": "boolean", "default": True},
     },
