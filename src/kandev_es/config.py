@@ -35,6 +35,10 @@ class Settings:
     # Seconds a store call waits for a PostgreSQL connection before it fails
     # with a 503 (the library's default of 5, retried 10 times, hung ~50 s).
     pg_connect_timeout: int = 1
+    # Open SSE streams per worker process and per token; `serve` adds the
+    # per-worker number to its threads so streams never hold request threads.
+    max_streams: int = 32
+    max_streams_per_token: int = 8
 
     @property
     def backend(self) -> str:
@@ -71,6 +75,8 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         runtime_in_process=_flag(env.get("KANDEV_RUNTIME_IN_PROCESS"), True),
         pg_pre_ping="y" if _flag(env.get("KANDEV_PG_PRE_PING"), False) else "n",
         pg_connect_timeout=int(env.get("KANDEV_PG_CONNECT_TIMEOUT") or 1),
+        max_streams=int(env.get("KANDEV_MAX_STREAMS") or 32),
+        max_streams_per_token=int(env.get("KANDEV_MAX_STREAMS_PER_TOKEN") or 8),
     )
 
 

@@ -126,6 +126,12 @@ class Unavailable(KandevError):
     code = "unavailable"
 
 
+class StreamLimitReached(Unavailable):
+    """Too many open SSE streams on this worker or for this token."""
+
+    code = "stream_limit_reached"
+
+
 class SchemaNotAttested(Unavailable):
     """External-ID traffic is refused until the live schema proves byte-exact
     collation (AC-1)."""

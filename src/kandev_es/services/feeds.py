@@ -20,7 +20,7 @@ from kandev_es.storage.database import Database
 
 MAX_PAGE = 1000
 MAX_STREAM_SECONDS = 3600.0
-HEARTBEAT_SECONDS = 15.0
+HEARTBEAT_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
