@@ -41,6 +41,8 @@ class Settings:
     max_streams_per_token: int = 8
     # Extra environment names an operator lets through to agents (KANDEV_AGENT_ENV).
     agent_env: tuple[str, ...] = ()
+    # Seconds a run credential lives when its run's end is never observed.
+    run_token_ttl: float = 24 * 3600.0
 
     @property
     def backend(self) -> str:
@@ -79,6 +81,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         pg_connect_timeout=int(env.get("KANDEV_PG_CONNECT_TIMEOUT") or 1),
         max_streams=int(env.get("KANDEV_MAX_STREAMS") or 32),
         max_streams_per_token=int(env.get("KANDEV_MAX_STREAMS_PER_TOKEN") or 8),
+        run_token_ttl=float(env.get("KANDEV_RUN_TOKEN_TTL") or 24 * 3600.0),
         agent_env=tuple(
             name.strip() for name in (env.get("KANDEV_AGENT_ENV") or "").split(",") if name.strip()
         ),
