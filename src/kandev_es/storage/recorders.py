@@ -48,6 +48,8 @@ class StreamsAdvanced(Exception):
 
 
 def _unretried(method: Any) -> Any:
+    # eventsourcing's retry decorator keeps the plain method in __wrapped__
+    # (functools.wraps); tests/unit/test_library_internals.py checks it.
     return getattr(method, "__wrapped__", method)
 
 
