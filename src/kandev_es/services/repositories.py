@@ -11,7 +11,8 @@ from kandev_es.application import Tasks, VersionConflict
 from kandev_es.creation.steps.git import is_repository
 from kandev_es.domain.errors import DomainRuleBroken
 from kandev_es.domain.workspace import Workspace
-from kandev_es.errors import Conflict, RepositoryNotAllowed, ValidationFailed, WorkspaceNotFound
+from kandev_es.errors import Conflict, ValidationFailed, WorkspaceNotFound
+from kandev_es.limits import check_repository_path
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 
@@ -21,23 +22,13 @@ class RepositoryService:
         self._app = app
         self._roots = roots  # resolved (config.Settings.allowed_repository_roots)
 
-    def _check_allowed(self, resolved: Path) -> None:
-        """Least privilege: a token may point creations only at repositories under
-        the operator's roots, judged after symlinks resolve."""
-        if not any(resolved == root or resolved.is_relative_to(root) for root in self._roots):
-            raise RepositoryNotAllowed(
-                "path is outside the allowed repository roots (KANDEV_REPOSITORY_ROOTS)",
-                field="path",
-            )
-
     def register(self, workspace_id: uuid.UUID, name: str, path: str) -> dict[str, str]:
         if not NAME.match(name or ""):
             raise ValidationFailed("repository name must be letters, digits, '_', '.', '-'")
         given = Path(path)
         if not given.is_absolute():
             raise ValidationFailed("path must be an absolute path", field="path")
-        resolved = given.resolve()
-        self._check_allowed(resolved)
+        resolved = check_repository_path(given, self._roots)
         if not resolved.is_dir() or not is_repository(resolved):
             raise ValidationFailed(
                 "path must be an absolute path to a local git repository with a commit",
