@@ -5,7 +5,6 @@ witness; without one, the world (/proc) is asked whether the run exists."""
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import subprocess
 import threading
@@ -13,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from kandev_es.agent.processes import processes_for_run, stop_run
-from kandev_es.config import data_path
+from kandev_es.config import agent_environment, data_path
 from kandev_es.creation.steps.base import StepContext, StepFailed
 from kandev_es.domain.agent_session import session_id_for
 from kandev_es.errors import KandevError
@@ -56,7 +55,7 @@ class AgentLaunchStep:
         cwd.mkdir(parents=True, exist_ok=True)
         log_path = data_path(ctx.settings, "agents", f"{ctx.task_id}.log")
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = {k: v for k, v in os.environ.items() if k != "KANDEV_FAILPOINT"}
+        env = agent_environment(ctx.settings)
         env.update(
             KANDEV_RUN_ID=run_id,
             KANDEV_RUN_TOKEN=secret,
