@@ -116,7 +116,7 @@ def bootstrap(settings: Settings) -> Services:
         workspaces=WorkspaceService(app, database),
         tokens=TokenService(app),
         projections=projections,
-        repositories=RepositoryService(app),
+        repositories=RepositoryService(app, settings.allowed_repository_roots),
         attachments=AttachmentService(app, settings),
         creation_status=CreationStatusService(app),
         release=ReleaseService(app, attestation),

@@ -38,6 +38,8 @@ class Settings:
     # Open SSE streams per worker process and per token; `serve` adds the
     # per-worker number to its threads so streams never hold request threads.
     max_streams: int = 32
+    # Directories repositories may be registered from (empty: the data dir's repos/).
+    repository_roots: tuple[Path, ...] = ()
     max_streams_per_token: int = 8
     # Extra environment names an operator lets through to agents (KANDEV_AGENT_ENV).
     agent_env: tuple[str, ...] = ()
@@ -45,6 +47,11 @@ class Settings:
     @property
     def backend(self) -> str:
         return "postgres" if self.database_url else "sqlite"
+
+    @property
+    def allowed_repository_roots(self) -> tuple[Path, ...]:
+        roots = self.repository_roots or (self.data_dir / "repos",)
+        return tuple(root.expanduser().resolve() for root in roots)
 
     @property
     def sqlite_path(self) -> Path:
@@ -78,6 +85,9 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         pg_pre_ping="y" if _flag(env.get("KANDEV_PG_PRE_PING"), False) else "n",
         pg_connect_timeout=int(env.get("KANDEV_PG_CONNECT_TIMEOUT") or 1),
         max_streams=int(env.get("KANDEV_MAX_STREAMS") or 32),
+        repository_roots=tuple(
+            Path(part) for part in (env.get("KANDEV_REPOSITORY_ROOTS") or "").split(":") if part
+        ),
         max_streams_per_token=int(env.get("KANDEV_MAX_STREAMS_PER_TOKEN") or 8),
         agent_env=tuple(
             name.strip() for name in (env.get("KANDEV_AGENT_ENV") or "").split(",") if name.strip()

@@ -58,6 +58,12 @@ class ValidationFailed(KandevError):
     code = "validation_failed"
 
 
+class RepositoryNotAllowed(ValidationFailed):
+    """A repository path outside KANDEV_REPOSITORY_ROOTS (symlinks resolved)."""
+
+    code = "repository_not_allowed"
+
+
 class UnknownReference(ValidationFailed):
     code = "unknown_reference"
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import re
 import urllib.parse
+from pathlib import Path
 
-from kandev_es.errors import InvalidCursor, MalformedJson, MalformedQuery
+from kandev_es.errors import InvalidCursor, MalformedJson, MalformedQuery, RepositoryNotAllowed
 
 MAX_JSON_DEPTH = 64
 # Cursors are stored and compared as signed 64-bit integers (SQLite INTEGER,
@@ -68,3 +69,17 @@ def check_query_string(raw: bytes) -> None:
         urllib.parse.unquote_to_bytes(raw.replace(b"+", b" ")).decode("utf-8")
     except UnicodeDecodeError:
         raise MalformedQuery("query string is not valid UTF-8") from None
+
+
+def check_repository_path(path: Path, roots: tuple[Path, ...]) -> Path:
+    """Least privilege: creations touch only repositories under the operator's
+    roots (already resolved), judged after symlinks and ``..`` resolve. Checked
+    at registration and again at each create, so narrowing the roots also
+    covers repositories registered before."""
+    resolved = path.resolve()
+    if not any(resolved == root or resolved.is_relative_to(root) for root in roots):
+        raise RepositoryNotAllowed(
+            "path is outside the allowed repository roots (KANDEV_REPOSITORY_ROOTS)",
+            field="path",
+        )
+    return resolved

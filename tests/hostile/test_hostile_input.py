@@ -158,3 +158,45 @@ def test_invalid_utf8_in_a_lookup_query_is_400_malformed_query(server):
         server.token,
     )
     assert found[0] == 200 and found[2]["id"] == made.body["id"]
+
+
+def test_repositories_register_only_under_the_allowed_roots(settings, tmp_path):
+    """Issue 14 point 4: outside KANDEV_REPOSITORY_ROOTS, or escaping them by a
+    symlink or '..', is 422 repository_not_allowed and registers nothing."""
+    from tests.integration.helpers import make_git_repository
+
+    root = tmp_path / "roots"
+    inside = make_git_repository(root / "inside")
+    outside = make_git_repository(tmp_path / "outside")
+    (root / "link").symlink_to(outside)
+    served = ServedProcess(settings, tmp_path, KANDEV_REPOSITORY_ROOTS=f"/nonexistent:{root}")
+    try:
+        url = f"{served.base}/api/v1/workspaces/{served.workspace_id}/repositories"
+        for name, path in (
+            ("outside", outside),
+            ("link", root / "link"),
+            ("dotdot", root / ".." / "outside"),
+        ):
+            reply = http("POST", url, served.token, {"name": name, "path": str(path)})
+            assert (reply.status, reply.body["error"]) == (422, "repository_not_allowed"), name
+        made = http("POST", url, served.token, {"name": "inside", "path": str(inside)})
+        assert made.status == 201, made.body
+        listed = http("GET", url, served.token)
+        assert [r["name"] for r in listed.body] == ["inside"]
+    finally:
+        served.stop()
+
+
+def test_the_default_repository_root_is_the_data_dirs_repos(settings, tmp_path):
+    from tests.integration.helpers import make_git_repository
+
+    default = make_git_repository(settings.data_dir / "repos" / "app")
+    elsewhere = make_git_repository(tmp_path / "elsewhere")
+    served = ServedProcess(settings.with_overrides(repository_roots=()), tmp_path)
+    try:
+        url = f"{served.base}/api/v1/workspaces/{served.workspace_id}/repositories"
+        reply = http("POST", url, served.token, {"name": "x", "path": str(elsewhere)})
+        assert (reply.status, reply.body["error"]) == (422, "repository_not_allowed")
+        assert http("POST", url, served.token, {"name": "app", "path": str(default)}).status == 201
+    finally:
+        served.stop()

@@ -78,6 +78,8 @@ def environment(settings: Settings, **extra: str) -> dict[str, str]:
     env["KANDEV_DATA_DIR"] = str(settings.data_dir)
     if settings.database_url:
         env["KANDEV_DATABASE_URL"] = settings.database_url
+    if settings.repository_roots:
+        env["KANDEV_REPOSITORY_ROOTS"] = ":".join(map(str, settings.repository_roots))
     env.update(extra)
     return env
 
