@@ -24,6 +24,7 @@ from kandev_es.storage.recorders import (
     SQLITE_RECORDER_TOPIC,
     StreamsAdvanced,
 )
+from kandev_es.storage.sqlite_factory import SQLITE_FACTORY_TOPIC
 
 A = TypeVar("A", bound=Aggregate)
 log = logging.getLogger("kandev_es.store")
@@ -93,10 +94,9 @@ def event_store_env(settings: Settings) -> dict[str, str]:
         return env
     return {
         **AGGREGATE_CACHE,
-        "PERSISTENCE_MODULE": "eventsourcing.sqlite",
+        "PERSISTENCE_MODULE": SQLITE_FACTORY_TOPIC,
         "APPLICATION_RECORDER_TOPIC": SQLITE_RECORDER_TOPIC,
         "SQLITE_DBNAME": str(settings.sqlite_path),
-        "SQLITE_LOCK_TIMEOUT": "10",
         "CREATE_TABLE": create,
     }
 
