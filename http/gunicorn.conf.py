@@ -13,7 +13,8 @@ and `kandev-es db init` has to run first.
 Environment read here:
     KANDEV_BIND       address to listen on           (default 127.0.0.1:8000)
     KANDEV_WORKERS    worker processes               (default 2 x CPU cores)
-    KANDEV_THREADS    threads per worker (gthread)   (default 8)
+    KANDEV_THREADS    request threads per worker     (default 8; plus KANDEV_MAX_STREAMS
+                      threads for event streams, default 32)
     KANDEV_TIMEOUT    worker timeout in seconds      (default 60)
 
 On the embedded SQLite default there is a single writer: prefer
@@ -32,6 +33,8 @@ from __future__ import annotations
 import multiprocessing
 import os
 
+from kandev_es.config import load_settings
+
 
 def _int_env(name: str, default: int) -> int:
     value = os.environ.get(name, "").strip()
@@ -44,7 +47,9 @@ os.environ.setdefault("KANDEV_CREATE_TABLES", "n")
 bind = os.environ.get("KANDEV_BIND") or "127.0.0.1:8000"
 workers = _int_env("KANDEV_WORKERS", 2 * multiprocessing.cpu_count())
 worker_class = "gthread"
-threads = _int_env("KANDEV_THREADS", 8)
+# Request threads plus one per capped SSE stream (config.Settings.max_streams),
+# so open streams never hold the request threads (README: Security model).
+threads = _int_env("KANDEV_THREADS", 8) + load_settings().max_streams
 
 timeout = _int_env("KANDEV_TIMEOUT", 60)
 graceful_timeout = 10

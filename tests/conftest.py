@@ -64,12 +64,12 @@ def backend(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 def settings(backend: str, tmp_path: Path) -> Iterator[Settings]:
     if backend == "sqlite":
-        yield Settings(data_dir=tmp_path / "data")
+        yield Settings(data_dir=tmp_path / "data", repository_roots=(tmp_path,))
         return
     schema = f"t_{uuid.uuid4().hex[:16]}"
     separator = "&" if "?" in postgres_admin_url() else "?"
     url = f"{postgres_admin_url()}{separator}schema={schema}"
-    yield Settings(data_dir=tmp_path / "data", database_url=url)
+    yield Settings(data_dir=tmp_path / "data", database_url=url, repository_roots=(tmp_path,))
     _drop_schema(schema)
 
 

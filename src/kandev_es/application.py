@@ -18,6 +18,7 @@ from kandev_es.config import Settings
 from kandev_es.errors import StoreUnavailable
 from kandev_es.storage.breaker import StoreBreaker, means_unreachable
 from kandev_es.storage.database import parse_postgres_url
+from kandev_es.storage.sqlite_factory import SQLITE_FACTORY_TOPIC
 from kandev_es.storage.sqlite_recorder import SQLITE_RECORDER_TOPIC
 from kandev_es.storage.streams import StreamsAdvanced
 
@@ -92,10 +93,9 @@ def event_store_env(settings: Settings) -> dict[str, str]:
         return env
     return {
         **AGGREGATE_CACHE,
-        "PERSISTENCE_MODULE": "eventsourcing.sqlite",
+        "PERSISTENCE_MODULE": SQLITE_FACTORY_TOPIC,
         "APPLICATION_RECORDER_TOPIC": SQLITE_RECORDER_TOPIC,
         "SQLITE_DBNAME": str(settings.sqlite_path),
-        "SQLITE_LOCK_TIMEOUT": "10",
         "CREATE_TABLE": create,
     }
 

@@ -35,10 +35,25 @@ class Settings:
     # Seconds a store call waits for a PostgreSQL connection before it fails
     # with a 503 (the library's default of 5, retried 10 times, hung ~50 s).
     pg_connect_timeout: int = 1
+    # Open SSE streams per worker process and per token; `serve` adds the
+    # per-worker number to its threads so streams never hold request threads.
+    max_streams: int = 32
+    # Directories repositories may be registered from (empty: the data dir's repos/).
+    repository_roots: tuple[Path, ...] = ()
+    max_streams_per_token: int = 8
+    # Extra environment names an operator lets through to agents (KANDEV_AGENT_ENV).
+    agent_env: tuple[str, ...] = ()
+    # Seconds a run credential lives when its run's end is never observed.
+    run_token_ttl: float = 24 * 3600.0
 
     @property
     def backend(self) -> str:
         return "postgres" if self.database_url else "sqlite"
+
+    @property
+    def allowed_repository_roots(self) -> tuple[Path, ...]:
+        roots = self.repository_roots or (self.data_dir / "repos",)
+        return tuple(root.expanduser().resolve() for root in roots)
 
     @property
     def sqlite_path(self) -> Path:
@@ -71,7 +86,40 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         runtime_in_process=_flag(env.get("KANDEV_RUNTIME_IN_PROCESS"), True),
         pg_pre_ping="y" if _flag(env.get("KANDEV_PG_PRE_PING"), False) else "n",
         pg_connect_timeout=int(env.get("KANDEV_PG_CONNECT_TIMEOUT") or 1),
+        max_streams=int(env.get("KANDEV_MAX_STREAMS") or 32),
+        repository_roots=tuple(
+            Path(part) for part in (env.get("KANDEV_REPOSITORY_ROOTS") or "").split(":") if part
+        ),
+        max_streams_per_token=int(env.get("KANDEV_MAX_STREAMS_PER_TOKEN") or 8),
+        run_token_ttl=float(env.get("KANDEV_RUN_TOKEN_TTL") or 24 * 3600.0),
+        agent_env=tuple(
+            name.strip() for name in (env.get("KANDEV_AGENT_ENV") or "").split(",") if name.strip()
+        ),
     )
+
+
+# What every agent gets from the server's environment; everything else is left
+# behind (database URLs, tokens, whatever secret the server was started with).
+_AGENT_BASE_NAMES = ("PATH", "HOME", "LANG", "TZ")
+# The bundled demo agent's one knob; not a secret.
+_AGENT_KANDEV_NAMES = ("KANDEV_DEMO_AGENT_SECONDS",)
+
+
+def agent_environment(
+    settings: Settings, environ: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The environment an agent starts from, by allowlist: PATH, HOME, LANG,
+    LC_*, TZ and the names listed in KANDEV_AGENT_ENV. KANDEV_* names (the
+    database URL, tokens, failpoints) are never passed even if listed; the
+    launch adds the run's own variables."""
+    env = os.environ if environ is None else environ
+    allowed = set(_AGENT_BASE_NAMES) | set(_AGENT_KANDEV_NAMES)
+    allowed |= {name for name in settings.agent_env if not name.startswith("KANDEV_")}
+    return {
+        name: value
+        for name, value in env.items()
+        if name in allowed or (name.startswith("LC_") and name.isidentifier())
+    }
 
 
 def take_mcp_token(environ: MutableMapping[str, str] | None = None) -> str | None:

@@ -31,6 +31,12 @@ class MalformedJson(BadRequest):
     code = "malformed_json"
 
 
+class MalformedQuery(BadRequest):
+    """The query string is not UTF-8 once percent-decoded."""
+
+    code = "malformed_query"
+
+
 class InvalidExternalId(BadRequest):
     code = "invalid_external_id"
 
@@ -50,6 +56,12 @@ class ValidationFailed(KandevError):
 
     status = 422
     code = "validation_failed"
+
+
+class RepositoryNotAllowed(ValidationFailed):
+    """A repository path outside KANDEV_REPOSITORY_ROOTS (symlinks resolved)."""
+
+    code = "repository_not_allowed"
 
 
 class UnknownReference(ValidationFailed):
@@ -118,6 +130,12 @@ class PayloadTooLarge(KandevError):
 class Unavailable(KandevError):
     status = 503
     code = "unavailable"
+
+
+class StreamLimitReached(Unavailable):
+    """Too many open SSE streams on this worker or for this token."""
+
+    code = "stream_limit_reached"
 
 
 class SchemaNotAttested(Unavailable):

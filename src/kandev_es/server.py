@@ -55,7 +55,9 @@ def run_server(
             options = {
                 "bind": f"{host}:{port}",
                 "workers": worker_count,
-                "threads": threads,
+                # Each open stream holds a thread; give the capped streams their
+                # own so `threads` stay free for requests (streams beyond get 503).
+                "threads": threads + settings.max_streams,
                 "worker_class": "gthread",
                 "accesslog": "-",
                 "timeout": 60,

@@ -30,6 +30,7 @@ LEASE = 1.0
 def crash_create(settings, secret: str, body: dict, failpoint: str, lease: float = LEASE) -> None:
     raw = dataclasses.asdict(settings.with_overrides(failpoint=failpoint, lease_seconds=lease))
     raw["data_dir"] = str(raw["data_dir"])
+    raw["repository_roots"] = [str(root) for root in raw["repository_roots"]]
     result = subprocess.run(
         [
             sys.executable,

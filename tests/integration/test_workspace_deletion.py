@@ -102,3 +102,41 @@ def test_a_fenced_creation_cannot_complete_into_a_deleted_workspace(
     assert identity is not None
     tenure = identity.tenure(1)
     assert tenure.phase == "aborted" and tenure.released and tenure.epoch == 1
+
+
+def test_a_deleted_workspace_name_is_used_again_with_ids_apart_from_its_history(
+    client, services, workspace, admin
+):
+    """Issue 14 point 7: the name comes back as a new incarnation whose ids never
+    meet the old workspace's events (workspace, identities, tasks)."""
+    _, admin_secret = admin
+    old = create(client, admin_secret, workspace_id=str(workspace.id), external_id="RE-1",
+                 title="old").json
+    assert delete_workspace(client, workspace, admin_secret).status_code == 200
+    old_history = list(services.app.repository.event_store.get(identity_id(workspace.id, "RE-1")))
+
+    again = client.post("/api/v1/workspaces", json={"name": workspace.name},
+                        headers=bearer(admin_secret))
+    assert again.status_code in (200, 201), again.json
+    new_id = again.json["id"]
+    assert new_id != str(workspace.id)
+    assert str(services.workspaces.get_by_name(workspace.name).id) == new_id
+    # The name is live again: a second open is refused.
+    taken = client.post("/api/v1/workspaces", json={"name": workspace.name},
+                        headers=bearer(admin_secret))
+    assert taken.status_code == 409 and taken.json["error"] == "workspace_exists"
+
+    new = create(client, admin_secret, workspace_id=new_id, external_id="RE-1", title="new").json
+    assert new["outcome"] == "created" and new["id"] != old["id"]
+    assert client.get(f"/api/v1/tasks/{old['id']}", headers=bearer(admin_secret)).status_code == 404
+    # The old identity's stream is untouched by the new workspace's create.
+    assert list(
+        services.app.repository.event_store.get(identity_id(workspace.id, "RE-1"))
+    ) == old_history
+
+    # And once more: a third incarnation after deleting the second.
+    gone = client.delete(f"/api/v1/workspaces/{new_id}", headers=bearer(admin_secret))
+    assert gone.status_code == 200
+    third = client.post("/api/v1/workspaces", json={"name": workspace.name},
+                        headers=bearer(admin_secret))
+    assert third.status_code in (200, 201) and third.json["id"] not in (new_id, str(workspace.id))

@@ -17,6 +17,7 @@ from kandev_es.config import Settings
 def main() -> int:
     raw = json.loads(sys.argv[1])
     raw["data_dir"] = Path(raw["data_dir"])
+    raw["repository_roots"] = tuple(Path(root) for root in raw.get("repository_roots", ()))
     settings = Settings(**raw)
     services = bootstrap(settings)
     principal = services.tokens.authenticate(sys.argv[2])

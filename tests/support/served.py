@@ -78,6 +78,8 @@ def environment(settings: Settings, **extra: str) -> dict[str, str]:
     env["KANDEV_DATA_DIR"] = str(settings.data_dir)
     if settings.database_url:
         env["KANDEV_DATABASE_URL"] = settings.database_url
+    if settings.repository_roots:
+        env["KANDEV_REPOSITORY_ROOTS"] = ":".join(map(str, settings.repository_roots))
     env.update(extra)
     return env
 
@@ -88,10 +90,11 @@ class ServedProcess:
         settings: Settings,
         log_dir: Path,
         workers: int | None = None,
+        port: int | None = None,
         launcher: list[str] | None = None,
         **extra_env: str,
     ) -> None:
-        self.port = free_port()
+        self.port = port or free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.stderr_path = log_dir / f"serve-{self.port}.log"
         env = environment(settings, KANDEV_PUBLIC_URL=self.base, **extra_env)

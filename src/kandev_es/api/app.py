@@ -3,7 +3,7 @@ named function. No application object is built at import time."""
 
 from __future__ import annotations
 
-from flask import Flask
+from flask import Flask, request
 from flask_smorest import Api
 
 from kandev_es import __version__
@@ -22,6 +22,7 @@ from kandev_es.api import (
 from kandev_es.api.context import EXTENSION_KEY
 from kandev_es.bootstrap import Services, bootstrap
 from kandev_es.config import Settings, load_settings
+from kandev_es.limits import check_query_string, parse_cursor
 
 
 def create_app(
@@ -38,6 +39,7 @@ def create_app(
     api = _register_api(app)
     _register_blueprints(api)
     errors.register(app)
+    app.before_request(_check_query)
     if run_projections:
         services.projections.start_thread(settings.projection_poll_seconds)
         if settings.runtime_in_process:
@@ -86,6 +88,14 @@ def _register_blueprints(api: Api) -> None:
     api.register_blueprint(identities.blp)
     api.register_blueprint(office.blp)
     api.register_blueprint(agentctl.blp)
+
+
+def _check_query() -> None:
+    """Every route: a query string that is UTF-8, and an ``after`` cursor and
+    ``Last-Event-ID`` in 0..2^63-1 (400, before any view or stream starts)."""
+    check_query_string(request.query_string)
+    parse_cursor(request.args.get("after"))
+    parse_cursor(request.headers.get("Last-Event-ID"), "Last-Event-ID")
 
 
 def _start_runtime(services: Services) -> None:

@@ -10,6 +10,7 @@ from flask import current_app, request
 
 from kandev_es.bootstrap import Services
 from kandev_es.errors import BadRequest, MalformedJson
+from kandev_es.limits import check_json_depth
 from kandev_es.services.auth import Principal
 
 EXTENSION_KEY = "kandev_es"
@@ -40,10 +41,17 @@ def run_principal() -> Principal | None:
     return services().tokens.authenticate_run(secret.strip(), request.headers.get(RUN_ID_HEADER))
 
 
+def own_task_principal(task_id: uuid.UUID) -> Principal | None:
+    """A run credential may read its own run's task, and nothing else."""
+    found = run_principal()
+    return found if found is not None and found.task_id == task_id else None
+
+
 def json_object() -> dict[str, Any]:
     """Parse the body ourselves, without validating it: the protocol reads only
     workspace_id and external_id before the lookup (AC-4)."""
     raw = request.get_data(cache=True)
+    check_json_depth(raw)  # before json.loads, which recurses per level
     try:
         body = json.loads(raw) if raw else None
     except (ValueError, UnicodeDecodeError):

@@ -7,39 +7,49 @@ else is 404 (never revealing whether the workspace exists)."""
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Any, cast
 
-from flask import Response, request
+from flask import Response, current_app, request
 from flask.views import MethodView
 from flask_smorest import Blueprint
 
 from kandev_es.api.context import path_uuid, principal, services
 from kandev_es.errors import WorkspaceNotFound
-from kandev_es.services.feeds import (
-    MAX_PAGE,
-    MAX_STREAM_SECONDS,
-    feed_page,
-    parse_bounded,
-    parse_cursor,
-    sse_stream,
-)
+from kandev_es.limits import MAX_CURSOR, parse_bounded, parse_cursor
+from kandev_es.services.auth import Principal
+from kandev_es.services.feeds import MAX_PAGE, MAX_STREAM_SECONDS, feed_page, sse_stream
+from kandev_es.services.stream_slots import HeldStream, StreamSlots
 
 blp = Blueprint("events", __name__, url_prefix="/api/v1", description="Event feeds")
 
 _AFTER = {
     "name": "after",
     "in": "query",
-    "schema": {"type": "integer", "minimum": 0},
-    "description": "feed cursor: return events after this position",
+    "schema": {"type": "integer", "minimum": 0, "maximum": MAX_CURSOR},
+    "description": "feed cursor: return events after this position (400 invalid_cursor outside)",
 }
 
 
-def _authorized_workspace(workspace_id: str) -> uuid.UUID:
+def _authorized(workspace_id: str) -> tuple[uuid.UUID, Principal]:
     target = path_uuid(workspace_id, "workspace id")
     who = principal()
     if who is None or not who.may_act_on(target) or services().workspaces.get(target) is None:
         raise WorkspaceNotFound("workspace not found")
-    return target
+    return target, who
+
+
+def _authorized_workspace(workspace_id: str) -> uuid.UUID:
+    return _authorized(workspace_id)[0]
+
+
+def _slots() -> StreamSlots:
+    app = current_app
+    slots = app.extensions.get("kandev_es.streams")
+    if slots is None:
+        settings = services().settings
+        slots = StreamSlots(settings.max_streams, settings.max_streams_per_token)
+        app.extensions["kandev_es.streams"] = slots
+    return cast(StreamSlots, slots)
 
 
 @blp.route("/workspaces/<workspace_id>/events")
@@ -48,7 +58,11 @@ class EventFeed(MethodView):
         summary="task.created / task.updated events after a cursor",
         parameters=[
             _AFTER,
-            {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1}},
+            {
+                "name": "limit",
+                "in": "query",
+                "schema": {"type": "integer", "minimum": 1, "maximum": MAX_PAGE},
+            },
         ],
         responses={200: {"description": "a page: items, next_cursor, has_more"}},
     )
@@ -65,13 +79,21 @@ class EventStream(MethodView):
         summary="Server-Sent Events; resume with Last-Event-ID",
         parameters=[
             _AFTER,
-            {"name": "max_seconds", "in": "query", "schema": {"type": "number"}},
-            {"name": "Last-Event-ID", "in": "header", "schema": {"type": "integer"}},
+            {
+                "name": "max_seconds",
+                "in": "query",
+                "schema": {"type": "number", "minimum": 0, "maximum": MAX_STREAM_SECONDS},
+            },
+            {
+                "name": "Last-Event-ID",
+                "in": "header",
+                "schema": {"type": "integer", "minimum": 0, "maximum": MAX_CURSOR},
+            },
         ],
         responses={200: {"description": "text/event-stream; each id is a feed cursor"}},
     )
     def get(self, workspace_id: str) -> Response:
-        target = _authorized_workspace(workspace_id)
+        target, who = _authorized(workspace_id)
         resume = request.headers.get("Last-Event-ID")
         if resume is not None and resume.strip():
             after = parse_cursor(resume, "Last-Event-ID")
@@ -81,8 +103,10 @@ class EventStream(MethodView):
             request.args.get("max_seconds"), "max_seconds", 300, 0, MAX_STREAM_SECONDS
         )
         database = services().database
+        slots = _slots()
+        slots.take(who.token_id)  # 503 stream_limit_reached before the stream starts
         return Response(
-            sse_stream(database, target, after, max_seconds),
+            HeldStream(slots, who.token_id, sse_stream(database, target, after, max_seconds)),
             mimetype="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )

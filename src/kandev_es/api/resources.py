@@ -31,8 +31,16 @@ class AttachmentSchema(Schema):
     claimed_by = fields.UUID(allow_none=True, required=True)
 
 
+MAX_WIP_LIMIT = 100_000
+
+
 class PolicySchema(Schema):
-    wip_limit = fields.Integer(allow_none=True, required=True, validate=validate.Range(min=1))
+    wip_limit = fields.Integer(
+        allow_none=True,
+        required=True,
+        validate=validate.Range(min=1, max=MAX_WIP_LIMIT),
+        metadata={"description": f"1..{MAX_WIP_LIMIT} active tasks, or null for no limit"},
+    )
 
 
 class CreationStepSchema(Schema):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from marshmallow import Schema, fields, validate
 
 from kandev_es.creation.outcomes import Outcome
+from kandev_es.limits import MAX_CURSOR
 
 
 class ApiErrorSchema(Schema):
@@ -79,7 +80,7 @@ class TaskListSchema(Schema):
 
 class TaskListQuerySchema(Schema):
     external_id = fields.String()
-    after = fields.Integer(load_default=0, validate=validate.Range(min=0))
+    after = fields.Integer(load_default=0, validate=validate.Range(min=0, max=MAX_CURSOR))
     limit = fields.Integer(load_default=50, validate=validate.Range(min=1, max=500))
     include_archived = fields.Boolean(load_default=True)
 

@@ -35,7 +35,8 @@ class CreateTaskRequestSchema(Schema):
         allow_none=True,
         metadata={"description": "caller's stable identity for this task (<= 255 UTF-8 bytes)"},
     )
-    title = _Title(required=True, validate=validate.Length(max=500))
+    # minLength is published only (OpenAPI, MCP); _Title rejects a blank title itself.
+    title = _Title(required=True, validate=validate.Length(max=500), metadata={"minLength": 1})
     description = fields.String(load_default="", validate=validate.Length(max=100_000))
     workflow = fields.String(load_default="default", validate=validate.Length(min=1, max=100))
     workflow_step = fields.String(load_default=None, allow_none=True)

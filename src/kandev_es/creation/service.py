@@ -89,7 +89,9 @@ class CreationService:
             if found is not None:
                 return found
         fields = load_create_request(body)  # step 4: only after the lookup missed
-        validate_against_workspace(self._app, workspace, fields)
+        validate_against_workspace(
+            self._app, workspace, fields, self._settings.allowed_repository_roots
+        )
         number = self._app.next_office_number(workspace.id)  # step 5
         plan = CreationPlan(
             workspace_id=workspace.id,

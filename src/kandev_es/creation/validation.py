@@ -3,6 +3,7 @@ step, registered repositories, uploaded attachments, agent profile, parent."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from kandev_es.application import Tasks
@@ -11,9 +12,15 @@ from kandev_es.domain.attachment import Attachment, attachment_id_for
 from kandev_es.domain.task import Task
 from kandev_es.domain.workspace import Workspace
 from kandev_es.errors import UnknownReference, ValidationFailed
+from kandev_es.limits import check_repository_path
 
 
-def validate_against_workspace(app: Tasks, workspace: Workspace, fields: dict[str, Any]) -> None:
+def validate_against_workspace(
+    app: Tasks,
+    workspace: Workspace,
+    fields: dict[str, Any],
+    repository_roots: tuple[Path, ...],
+) -> None:
     """Check references and fill defaults in place; raise on the first unknown."""
     workflow = fields["workflow"]
     steps = workspace.workflows.get(workflow)
@@ -35,6 +42,8 @@ def validate_against_workspace(app: Tasks, workspace: Workspace, fields: dict[st
     fields["repository_paths"] = {
         name: workspace.repositories[name] for name in fields["repositories"]
     }
+    for path in fields["repository_paths"].values():
+        check_repository_path(Path(path), repository_roots)
     shas = []
     for reference in fields["attachments"]:
         sha = reference.removeprefix("sha256:")

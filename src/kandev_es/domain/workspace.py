@@ -17,10 +17,16 @@ NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 PREFIX_PATTERN = re.compile(r"^[A-Z][A-Z0-9]{0,9}$")
 
 
-def workspace_id_for(name: str) -> uuid.UUID:
-    """Names are unique: the id derives from the name, so the event store's
-    version check rejects a second workspace with the same name."""
-    return uuid.uuid5(WORKSPACE_NAMESPACE, name)
+def workspace_id_for(name: str, incarnation: int = 0) -> uuid.UUID:
+    """Names are unique among live workspaces: the id derives from the name and
+    its incarnation, so the event store's version check rejects a second
+    workspace of one incarnation. A deleted name is used again by the next
+    incarnation, whose id (and so every task and identity id under it) never
+    meets the old history. Incarnation 0 keeps the original id; ``#`` cannot
+    occur in a name, so no name's id equals another's incarnation."""
+    if incarnation == 0:
+        return uuid.uuid5(WORKSPACE_NAMESPACE, name)
+    return uuid.uuid5(WORKSPACE_NAMESPACE, f"{name}#{incarnation}")
 
 
 class Workspace(Aggregate):
@@ -40,7 +46,7 @@ class Workspace(Aggregate):
         self.deleted = False
 
     @classmethod
-    def open(cls, name: str, task_prefix: str = "KAN") -> Workspace:
+    def open(cls, name: str, task_prefix: str = "KAN", incarnation: int = 0) -> Workspace:
         if not NAME_PATTERN.fullmatch(name):
             raise DomainRuleBroken(
                 "workspace name must be 1-64 characters of letters, digits, '_', '.', '-'"
@@ -49,7 +55,7 @@ class Workspace(Aggregate):
             raise DomainRuleBroken("task prefix must be 1-10 upper-case letters or digits")
         return cls._create(
             cls.Opened,
-            id=workspace_id_for(name),
+            id=workspace_id_for(name, incarnation),
             name=name,
             task_prefix=task_prefix,
             workflows=DEFAULT_WORKFLOWS,

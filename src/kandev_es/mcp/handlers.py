@@ -11,6 +11,7 @@ from marshmallow import RAISE, Schema, ValidationError, fields, validate
 
 from kandev_es.bootstrap import Services
 from kandev_es.errors import BadRequest, TaskNotFound, ValidationFailed
+from kandev_es.limits import MAX_CURSOR
 from kandev_es.mcp import tools
 from kandev_es.mcp.workspaces import resolve_workspace
 from kandev_es.services.auth import Principal
@@ -46,7 +47,9 @@ class _ListArguments(Schema):
         unknown = RAISE
 
     workspace_id = fields.UUID(load_default=None, allow_none=True)
-    after = fields.Integer(load_default=0, strict=True, validate=validate.Range(min=0))
+    after = fields.Integer(
+        load_default=0, strict=True, validate=validate.Range(min=0, max=MAX_CURSOR)
+    )
     limit = fields.Integer(load_default=50, strict=True, validate=validate.Range(min=1, max=500))
     include_archived = fields.Boolean(load_default=True)
 

@@ -9,7 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from apispec import APISpec
+from apispec.ext.marshmallow import MarshmallowPlugin
 from mcp_types import Tool, ToolAnnotations
+
+from kandev_es.creation.request import CreateTaskRequestSchema
 
 CREATE_TASK = "create_task_kandev"
 GET_TASK = "get_task"
@@ -50,30 +54,38 @@ defaults to true. Errors come back with isError=true and structured content \
 invalid_external_id (400), validation_failed / unknown_reference (422)."""
 
 _UUID = {"type": "string", "format": "uuid"}
-_STRINGS = {"type": "array", "items": {"type": "string", "minLength": 1}}
 
-CREATE_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "title": {"type": "string", "minLength": 1, "maxLength": 500},
-        "external_id": {
-            "type": "string",
-            "description": "your stable identity for this task: at most 255 UTF-8 bytes, "
-            "no control characters; surrounding whitespace is trimmed; empty means absent",
-        },
-        "workspace_id": _UUID | {"description": "target workspace (see resolution order)"},
-        "description": {"type": "string"},
-        "workflow": {"type": "string", "description": "default: 'default'"},
-        "workflow_step": {"type": "string", "description": "default: the workflow's first"},
-        "repositories": _STRINGS | {"description": "names of registered repositories"},
-        "attachments": _STRINGS | {"description": "uploaded attachments, 'sha256:<hex>'"},
-        "agent_profile": {"type": "string"},
-        "parent_id": _UUID | {"description": "parent task; never passes on its external_id"},
-        "start_agent": {"type": "boolean", "default": True},
+# What MCP says beyond the REST body: richer descriptions, and start_agent
+# defaults to true here (mcp/handlers.py). Types and limits come from the
+# marshmallow schema that validates the create, so the two cannot drift.
+_CREATE_OVERLAY: dict[str, dict[str, Any]] = {
+    "external_id": {
+        "description": "your stable identity for this task: at most 255 UTF-8 bytes, "
+        "no control characters; surrounding whitespace is trimmed; empty means absent",
     },
-    "required": ["title"],
-    "additionalProperties": False,
+    "workspace_id": {"description": "target workspace (see resolution order)"},
+    "workflow": {"description": "default: 'default'"},
+    "workflow_step": {"description": "default: the workflow's first"},
+    "repositories": {"description": "names of registered repositories"},
+    "attachments": {"description": "uploaded attachments, 'sha256:<hex>'"},
+    "parent_id": {"description": "parent task; never passes on its external_id"},
+    "start_agent": {"default": True},
 }
+
+
+def _create_schema() -> dict[str, Any]:
+    plugin = MarshmallowPlugin()
+    APISpec("kandev-es MCP", "1", "3.1.0", plugins=[plugin])  # initialises the converter
+    assert plugin.converter is not None
+    schema: dict[str, Any] = plugin.converter.schema2jsonschema(  # type: ignore[no-untyped-call]
+        CreateTaskRequestSchema
+    )
+    for name, extra in _CREATE_OVERLAY.items():
+        schema["properties"][name] = schema["properties"][name] | extra
+    return schema
+
+
+CREATE_SCHEMA: dict[str, Any] = _create_schema()
 
 TASK_ID_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -86,7 +98,12 @@ LIST_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {
         "workspace_id": _UUID | {"description": "default: the token's or the only workspace"},
-        "after": {"type": "integer", "minimum": 0, "description": "cursor: next_cursor"},
+        "after": {
+            "type": "integer",
+            "minimum": 0,
+            "maximum": 2**63 - 1,
+            "description": "cursor: next_cursor",
+        },
         "limit": {"type": "integer", "minimum": 1, "maximum": 500, "default": 50},
         "include_archived": {"type": "boolean", "default": True},
     },

@@ -14,43 +14,19 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from kandev_es.errors import InvalidCursor, StoreUnavailable
+from kandev_es.errors import StoreUnavailable
 from kandev_es.projections.feeds import feed_source
 from kandev_es.storage.database import Database
 
 MAX_PAGE = 1000
 MAX_STREAM_SECONDS = 3600.0
-HEARTBEAT_SECONDS = 15.0
+HEARTBEAT_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
 class FeedItem:
     position: int
     envelope: dict[str, Any]
-
-
-def parse_cursor(raw: str | None, what: str = "after") -> int:
-    if raw is None or raw.strip() == "":
-        return 0
-    try:
-        value = int(raw.strip())
-    except ValueError:
-        raise InvalidCursor(f"{what} must be a feed cursor (an integer)", field=what) from None
-    if value < 0:
-        raise InvalidCursor(f"{what} must not be negative", field=what)
-    return value
-
-
-def parse_bounded(raw: str | None, what: str, default: float, low: float, high: float) -> float:
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise InvalidCursor(f"{what} must be a number", field=what) from None
-    if not low <= value <= high:
-        raise InvalidCursor(f"{what} must be between {low:g} and {high:g}", field=what)
-    return value
 
 
 def read_feed(

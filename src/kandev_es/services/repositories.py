@@ -12,19 +12,24 @@ from kandev_es.creation.steps.git import is_repository
 from kandev_es.domain.errors import DomainRuleBroken
 from kandev_es.domain.workspace import Workspace
 from kandev_es.errors import Conflict, ValidationFailed, WorkspaceNotFound
+from kandev_es.limits import check_repository_path
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 
 
 class RepositoryService:
-    def __init__(self, app: Tasks) -> None:
+    def __init__(self, app: Tasks, roots: tuple[Path, ...]) -> None:
         self._app = app
+        self._roots = roots  # resolved (config.Settings.allowed_repository_roots)
 
     def register(self, workspace_id: uuid.UUID, name: str, path: str) -> dict[str, str]:
         if not NAME.match(name or ""):
             raise ValidationFailed("repository name must be letters, digits, '_', '.', '-'")
-        resolved = Path(path).expanduser()
-        if not resolved.is_absolute() or not resolved.is_dir() or not is_repository(resolved):
+        given = Path(path)
+        if not given.is_absolute():
+            raise ValidationFailed("path must be an absolute path", field="path")
+        resolved = check_repository_path(given, self._roots)
+        if not resolved.is_dir() or not is_repository(resolved):
             raise ValidationFailed(
                 "path must be an absolute path to a local git repository with a commit",
                 field="path",
@@ -34,14 +39,14 @@ class RepositoryService:
             if workspace is None or workspace.deleted:
                 raise WorkspaceNotFound("workspace not found")
             try:
-                workspace.register_repository(name, str(resolved.resolve()))
+                workspace.register_repository(name, str(resolved))
             except DomainRuleBroken as error:
                 raise Conflict(str(error)) from None
             try:
                 self._app.save_atomically(workspace)
             except VersionConflict:
                 continue
-            return {"name": name, "path": str(resolved.resolve())}
+            return {"name": name, "path": str(resolved)}
         raise Conflict("workspace is contended; retry")
 
     def list(self, workspace_id: uuid.UUID) -> list[dict[str, str]]:

@@ -11,6 +11,9 @@ from kandev_es.errors import BadRequest, Conflict, WorkspaceExists, WorkspaceNot
 from kandev_es.storage.counters import ensure_counter
 from kandev_es.storage.database import Database
 
+# Bounds the walk over a name's deleted incarnations (each one a load).
+MAX_INCARNATIONS = 1000
+
 
 class WorkspaceService:
     def __init__(self, app: Tasks, database: Database) -> None:
@@ -18,8 +21,9 @@ class WorkspaceService:
         self._database = database
 
     def open(self, name: str, task_prefix: str = "KAN") -> Workspace:
+        incarnation = self._first_free(name)
         try:
-            workspace = Workspace.open(name, task_prefix)
+            workspace = Workspace.open(name, task_prefix, incarnation)
         except DomainRuleBroken as error:
             raise BadRequest(str(error)) from None
         # The counter exists before the workspace does, so no create can miss it.
@@ -27,8 +31,29 @@ class WorkspaceService:
         try:
             self._app.save_atomically(workspace)
         except VersionConflict:
+            # Another open of this incarnation won: that workspace is live.
             raise WorkspaceExists(f"workspace {name!r} already exists") from None
         return workspace
+
+    def _first_free(self, name: str) -> int:
+        """The incarnation a new workspace of this name takes: past every deleted
+        one. A live one means the name is taken."""
+        for incarnation in range(MAX_INCARNATIONS):
+            existing = self._app.load(workspace_id_for(name, incarnation), Workspace)
+            if existing is None:
+                return incarnation
+            if not existing.deleted:
+                raise WorkspaceExists(f"workspace {name!r} already exists")
+        raise Conflict(f"workspace name {name!r} was deleted too often to be used again")
+
+    def _live(self, name: str) -> Workspace | None:
+        for incarnation in range(MAX_INCARNATIONS):
+            existing = self._app.load(workspace_id_for(name, incarnation), Workspace)
+            if existing is None:
+                return None
+            if not existing.deleted:
+                return existing
+        return None
 
     def get(self, workspace_id: uuid.UUID) -> Workspace | None:
         workspace = self._app.load(workspace_id, Workspace)
@@ -53,7 +78,7 @@ class WorkspaceService:
         raise Conflict("workspace is contended; retry")
 
     def get_by_name(self, name: str) -> Workspace | None:
-        return self.get(workspace_id_for(name))
+        return self._live(name)
 
     def ensure(self, name: str, task_prefix: str = "KAN") -> tuple[Workspace, bool]:
         existing = self.get_by_name(name)

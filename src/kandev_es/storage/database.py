@@ -46,7 +46,7 @@ class _SQLiteTransaction:
 class SQLiteDatabase:
     backend = "sqlite"
 
-    def __init__(self, path: Path, busy_timeout_ms: int = 10_000) -> None:
+    def __init__(self, path: Path, busy_timeout_ms: int = 60_000) -> None:
         self.path = path
         self._busy_timeout_ms = busy_timeout_ms
         self._local = threading.local()

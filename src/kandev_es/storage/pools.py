@@ -6,7 +6,8 @@ gone cold; measured here, a Found's query cost a third more through the pool
 than on one held connection. LIFO keeps the busy connections hot and lets the
 ones a burst opened go idle and be closed after ``max_idle`` (SQLAlchemy's
 ``pool_use_lifo``, for the same reasons). psycopg_pool has no option for it, so
-the one method that picks a ready connection is overridden."""
+the one method that picks a ready connection is overridden. The names it uses
+are pinned in setup.cfg and checked by tests/unit/test_library_internals.py."""
 
 from __future__ import annotations
 

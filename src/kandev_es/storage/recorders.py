@@ -43,6 +43,8 @@ FAST_FAILURE_S = 0.25
 
 
 def _unretried(method: Any) -> Any:
+    # eventsourcing's retry decorator keeps the plain method in __wrapped__
+    # (functools.wraps); tests/unit/test_library_internals.py checks it.
     return getattr(method, "__wrapped__", method)
 
 

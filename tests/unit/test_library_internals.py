@@ -1,0 +1,77 @@
+"""Canaries for the library internals kandev-es relies on.
+
+psycopg_pool has no public option for handing out connections LIFO or for a
+constant reconnection delay, and eventsourcing has no public hook around its
+insert or its retry decorator, so storage/pools.py, storage/reconnect.py and
+storage/recorders.py use these names. setup.cfg pins the versions; when an
+upgrade renames one of them, these tests say which and where it is used."""
+
+from __future__ import annotations
+
+import inspect
+from collections import deque
+from typing import Any
+
+import pytest
+
+psycopg_pool = pytest.importorskip("psycopg_pool")
+postgres = pytest.importorskip("eventsourcing.postgres")
+
+from eventsourcing.sqlite import SQLiteApplicationRecorder  # noqa: E402
+from psycopg_pool import ConnectionPool  # noqa: E402
+
+
+def _changed(library: str, name: str, user: str) -> str:
+    return (f"{library} no longer has {name}, which {user} relies on: "
+            f"rework {user} before raising the version bound in setup.cfg")
+
+
+def test_pool_picks_ready_connections_in_one_overridable_method() -> None:
+    method = getattr(ConnectionPool, "_get_ready_connection", None)
+    assert method is not None, _changed(
+        "psycopg_pool", "ConnectionPool._get_ready_connection", "storage/pools.py")
+    assert list(inspect.signature(method).parameters) == ["self", "timeout"], _changed(
+        "psycopg_pool", "_get_ready_connection(self, timeout)", "storage/pools.py")
+
+
+def test_pool_keeps_idle_connections_in_a_deque_with_a_low_water_mark() -> None:
+    pool: ConnectionPool[Any] = ConnectionPool("", open=False)
+    assert isinstance(getattr(pool, "_pool", None), deque), _changed(
+        "psycopg_pool", "ConnectionPool._pool (a deque)", "storage/pools.py")
+    assert isinstance(getattr(pool, "_nconns_min", None), int), _changed(
+        "psycopg_pool", "ConnectionPool._nconns_min", "storage/pools.py")
+
+
+def test_pool_reads_its_backoff_from_class_attributes() -> None:
+    base = pytest.importorskip("psycopg_pool.base")
+    attempt = getattr(base, "AttemptWithBackoff", None)
+    assert attempt is not None, _changed(
+        "psycopg_pool.base", "AttemptWithBackoff", "storage/reconnect.py")
+    for name in ("INITIAL_DELAY", "DELAY_BACKOFF"):
+        assert isinstance(getattr(attempt, name, None), float), _changed(
+            "psycopg_pool", f"AttemptWithBackoff.{name}", "storage/reconnect.py")
+
+
+@pytest.mark.parametrize("owner, name", [
+    ("PostgresAggregateRecorder", "select_events"),
+    ("PostgresApplicationRecorder", "select_notifications"),
+    ("PostgresApplicationRecorder", "max_notification_id"),
+])
+def test_recorder_retry_decorator_exposes_the_undecorated_method(owner: str,
+                                                                 name: str) -> None:
+    method = getattr(getattr(postgres, owner), name)
+    wrapped = getattr(method, "__wrapped__", None)
+    assert callable(wrapped) and wrapped.__name__ == name, _changed(
+        "eventsourcing", f"{owner}.{name}.__wrapped__", "storage/recorders.py")
+
+
+def test_sqlite_recorder_inserts_through_one_overridable_method() -> None:
+    method = getattr(SQLiteApplicationRecorder, "_insert_events", None)
+    assert method is not None, _changed(
+        "eventsourcing", "SQLiteApplicationRecorder._insert_events", "storage/sqlite_recorder.py")
+    parameters = inspect.signature(method).parameters
+    assert list(parameters)[:3] == ["self", "c", "stored_events"], _changed(
+        "eventsourcing", "_insert_events(self, c, stored_events, **kwargs)",
+        "storage/sqlite_recorder.py")
+    assert any(p.kind is p.VAR_KEYWORD for p in parameters.values()), _changed(
+        "eventsourcing", "_insert_events(..., **kwargs)", "storage/sqlite_recorder.py")

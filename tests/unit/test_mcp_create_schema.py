@@ -1,0 +1,46 @@
+"""The MCP create tool's input schema is generated from the marshmallow schema
+that validates a create, so its types and limits cannot drift from REST's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from apispec import APISpec
+from apispec.ext.marshmallow import MarshmallowPlugin
+
+from kandev_es.creation.request import CreateTaskRequestSchema
+from kandev_es.mcp.tools import CREATE_SCHEMA
+
+LIMITS = ("type", "format", "minLength", "maxLength", "maxItems", "items")
+
+
+def _rest_schema() -> dict[str, Any]:
+    plugin = MarshmallowPlugin()
+    APISpec("t", "1", "3.1.0", plugins=[plugin])
+    assert plugin.converter is not None
+    schema: dict[str, Any] = plugin.converter.schema2jsonschema(CreateTaskRequestSchema)
+    return schema
+
+
+def test_create_tool_offers_exactly_the_rest_fields() -> None:
+    rest = _rest_schema()
+    assert set(CREATE_SCHEMA["properties"]) == set(rest["properties"])
+    assert CREATE_SCHEMA["required"] == rest["required"] == ["title"]
+    assert CREATE_SCHEMA["additionalProperties"] is False
+
+
+def test_create_tool_limits_match_the_rest_validation() -> None:
+    rest = _rest_schema()["properties"]
+    for name, field in CREATE_SCHEMA["properties"].items():
+        for key in LIMITS:
+            assert field.get(key) == rest[name].get(key), (name, key)
+
+
+def test_create_tool_publishes_the_length_and_item_limits() -> None:
+    properties = CREATE_SCHEMA["properties"]
+    assert properties["title"]["maxLength"] == 500
+    assert properties["description"]["maxLength"] == 100_000
+    assert properties["repositories"]["maxItems"] == 20
+    assert properties["repositories"]["items"]["maxLength"] == 200
+    assert properties["attachments"]["maxItems"] == 50
+    assert properties["start_agent"]["default"] is True  # MCP's default; REST's is false
