@@ -11,8 +11,8 @@ from flask_smorest import Blueprint
 from kandev_es.api import schemas
 from kandev_es.api.context import json_object, path_uuid, principal, services
 from kandev_es.creation.request import CreateTaskRequestSchema
-from kandev_es.domain.external_id import normalize_external_id
-from kandev_es.errors import InvalidExternalId, TaskNotFound
+from kandev_es.domain.external_id import normalize_external_id, require_external_id
+from kandev_es.errors import TaskNotFound
 from kandev_es.views import task_dto
 
 blp = Blueprint("tasks", __name__, url_prefix="/api/v1", description="Tasks")
@@ -63,9 +63,7 @@ class TaskLookup(MethodView):
         who = principal()
         if who is None or not who.may_act_on(workspace):
             raise TaskNotFound("task not found")
-        external_id = normalize_external_id(request.args.get("external_id"))
-        if external_id is None:
-            raise InvalidExternalId("external_id query parameter is required", reason="missing")
+        external_id = require_external_id(request.args.get("external_id"))
         found = services().creation.lookup(workspace, external_id)
         if found is None:
             raise TaskNotFound("task not found")
