@@ -114,7 +114,7 @@ def bootstrap(settings: Settings) -> Services:
         creation=CreationService(app, attestation, settings),
         tasks=TaskService(app, database),
         workspaces=WorkspaceService(app, database),
-        tokens=TokenService(app),
+        tokens=TokenService(app, settings.run_token_ttl),
         projections=projections,
         repositories=RepositoryService(app, settings.allowed_repository_roots),
         attachments=AttachmentService(app, settings),

@@ -43,6 +43,8 @@ class Settings:
     max_streams_per_token: int = 8
     # Extra environment names an operator lets through to agents (KANDEV_AGENT_ENV).
     agent_env: tuple[str, ...] = ()
+    # Seconds a run credential lives when its run's end is never observed.
+    run_token_ttl: float = 24 * 3600.0
 
     @property
     def backend(self) -> str:
@@ -89,6 +91,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
             Path(part) for part in (env.get("KANDEV_REPOSITORY_ROOTS") or "").split(":") if part
         ),
         max_streams_per_token=int(env.get("KANDEV_MAX_STREAMS_PER_TOKEN") or 8),
+        run_token_ttl=float(env.get("KANDEV_RUN_TOKEN_TTL") or 24 * 3600.0),
         agent_env=tuple(
             name.strip() for name in (env.get("KANDEV_AGENT_ENV") or "").split(",") if name.strip()
         ),

@@ -86,9 +86,14 @@ def environment(settings: Settings, **extra: str) -> dict[str, str]:
 
 class ServedProcess:
     def __init__(
-        self, settings: Settings, log_dir: Path, workers: int | None = None, **extra_env: str
+        self,
+        settings: Settings,
+        log_dir: Path,
+        workers: int | None = None,
+        port: int | None = None,
+        **extra_env: str,
     ) -> None:
-        self.port = free_port()
+        self.port = port or free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.stderr_path = log_dir / f"serve-{self.port}.log"
         env = environment(settings, KANDEV_PUBLIC_URL=self.base, **extra_env)

@@ -41,6 +41,12 @@ def run_principal() -> Principal | None:
     return services().tokens.authenticate_run(secret.strip(), request.headers.get(RUN_ID_HEADER))
 
 
+def own_task_principal(task_id: uuid.UUID) -> Principal | None:
+    """A run credential may read its own run's task, and nothing else."""
+    found = run_principal()
+    return found if found is not None and found.task_id == task_id else None
+
+
 def json_object() -> dict[str, Any]:
     """Parse the body ourselves, without validating it: the protocol reads only
     workspace_id and external_id before the lookup (AC-4)."""

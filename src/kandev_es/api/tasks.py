@@ -9,7 +9,13 @@ from flask.views import MethodView
 from flask_smorest import Blueprint
 
 from kandev_es.api import schemas
-from kandev_es.api.context import json_object, path_uuid, principal, services
+from kandev_es.api.context import (
+    json_object,
+    own_task_principal,
+    path_uuid,
+    principal,
+    services,
+)
 from kandev_es.creation.request import CreateTaskRequestSchema
 from kandev_es.domain.external_id import normalize_external_id, require_external_id
 from kandev_es.errors import TaskNotFound
@@ -131,7 +137,8 @@ class TaskItem(MethodView):
     @blp.response(200, schemas.TaskSchema)
     @_document_errors(400, 404)
     def get(self, task_id: str) -> Any:
-        task = services().tasks.get(principal(), path_uuid(task_id, "task id"))
+        wanted = path_uuid(task_id, "task id")
+        task = services().tasks.get(principal() or own_task_principal(wanted), wanted)
         return task_dto(task), 200, {"ETag": f'"{task.revision}"'}
 
     @blp.doc(

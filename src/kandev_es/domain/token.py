@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import uuid
 
-from eventsourcing.domain import Aggregate
+from eventsourcing.domain import Aggregate, event
 
 TOKEN_NAMESPACE = uuid.UUID("a3e1c6d2-7b94-4f08-8d2e-61c9b5f0e4a7")
 
@@ -17,6 +17,13 @@ def hash_token(secret: str) -> str:
 
 def token_id_for(token_hash: str) -> uuid.UUID:
     return uuid.uuid5(TOKEN_NAMESPACE, token_hash)
+
+
+def run_token_id_for(run_id: str) -> uuid.UUID:
+    """A run credential's id derives from its run, so whatever ends the run can
+    revoke it without knowing the secret, and a workspace-token lookup by hash
+    never finds it."""
+    return uuid.uuid5(TOKEN_NAMESPACE, f"run:{run_id}")
 
 
 class ApiToken(Aggregate):
@@ -60,7 +67,7 @@ class ApiToken(Aggregate):
     ) -> ApiToken:
         return cls._create(
             cls.Issued,
-            id=token_id_for(token_hash),
+            id=run_token_id_for(run_id) if run_id is not None else token_id_for(token_hash),
             token_hash=token_hash,
             workspace_id=workspace_id,
             admin=admin,
@@ -68,6 +75,16 @@ class ApiToken(Aggregate):
             run_id=run_id,
             task_id=task_id,
         )
+
+    @event("Rekeyed")
+    def rekey(self, token_hash: str) -> None:
+        """A relaunch of the same run (its first launch never started a process)
+        gets a fresh secret; the old one stops working."""
+        self.token_hash = token_hash
+
+    @event("Revoked")
+    def revoke(self, reason: str) -> None:
+        self.revoked = True
 
     def may_act_on(self, workspace_id: uuid.UUID) -> bool:
         return not self.revoked and (self.admin or self.workspace_id == workspace_id)

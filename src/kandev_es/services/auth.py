@@ -6,9 +6,10 @@ import hmac
 import secrets
 import uuid
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 
-from kandev_es.application import Tasks
-from kandev_es.domain.token import ApiToken, hash_token, token_id_for
+from kandev_es.application import Tasks, VersionConflict
+from kandev_es.domain.token import ApiToken, hash_token, run_token_id_for, token_id_for
 
 TOKEN_PREFIX = "kes_"
 
@@ -31,9 +32,17 @@ class Principal:
         return self.admin or self.workspace_id == workspace_id
 
 
+DEFAULT_RUN_TOKEN_TTL = 24 * 3600.0
+
+
+class RunCredentialRevoked(Exception):
+    """The run's credential was revoked (the run ended); it is never reissued."""
+
+
 class TokenService:
-    def __init__(self, app: Tasks) -> None:
+    def __init__(self, app: Tasks, run_token_ttl: float = DEFAULT_RUN_TOKEN_TTL) -> None:
         self._app = app
+        self._run_ttl = timedelta(seconds=run_token_ttl)
 
     def issue(
         self,
@@ -49,6 +58,14 @@ class TokenService:
         if run_id is not None and admin:
             raise ValueError("a run credential is bound to one workspace, never admin")
         secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
+        if run_id is not None:
+            existing = self._app.load(run_token_id_for(run_id), ApiToken)
+            if existing is not None:
+                if existing.revoked:
+                    raise RunCredentialRevoked(f"run {run_id} has ended")
+                existing.rekey(hash_token(secret))
+                self._app.save_atomically(existing)
+                return secret, Principal(existing.id, False, workspace_id, run_id, task_id)
         token = ApiToken.issue(
             hash_token(secret), workspace_id, admin, label, run_id=run_id, task_id=task_id
         )
@@ -60,7 +77,8 @@ class TokenService:
             return None
         token_hash = hash_token(secret)
         token = self._app.load(token_id_for(token_hash), ApiToken)
-        if token is None or token.revoked:
+        # A run credential is no principal off the run routes (authenticate_run).
+        if token is None or token.revoked or token.run_id is not None:
             return None
         # The id already derives from the hash; compare anyway, in constant time.
         if not hmac.compare_digest(token.token_hash, token_hash):
@@ -71,9 +89,30 @@ class TokenService:
         """A run credential plus the run id it is bound to (``X-Kandev-Run-Id``).
         Anything else — a workspace or admin token, a missing or different run
         id — is no principal at all, so the caller sees the usual refusal."""
-        found = self.authenticate(secret)
-        if found is None or found.run_id is None or not run_id:
+        if not secret or not secret.startswith(TOKEN_PREFIX) or len(secret) > 200:
             return None
-        if not hmac.compare_digest(found.run_id.encode(), run_id.encode()):
+        if not run_id or len(run_id) > 200:
             return None
-        return found
+        token = self._app.load(run_token_id_for(run_id), ApiToken)
+        if token is None or token.revoked or token.run_id != run_id:
+            return None
+        if not hmac.compare_digest(token.token_hash, hash_token(secret)):
+            return None
+        # Bounds a run whose end was never observed (KANDEV_RUN_TOKEN_TTL).
+        if datetime.now(UTC) - token.modified_on > self._run_ttl:
+            return None
+        return Principal(token.id, False, token.workspace_id, token.run_id, token.task_id)
+
+    def revoke_run(self, run_id: str, reason: str) -> bool:
+        """Revoke the run's credential (idempotent); True if this call revoked it."""
+        for _ in range(8):
+            token = self._app.load(run_token_id_for(run_id), ApiToken)
+            if token is None or token.revoked:
+                return False
+            token.revoke(reason)
+            try:
+                self._app.save_atomically(token)
+            except VersionConflict:
+                continue
+            return True
+        return False

@@ -10,6 +10,7 @@ from typing import Any
 from marshmallow import RAISE, Schema, ValidationError, fields, validate
 
 from kandev_es.application import Tasks, VersionConflict
+from kandev_es.domain.agent_session import session_id_for
 from kandev_es.domain.identity import Identity
 from kandev_es.domain.task import TASK_ABORTED, TASK_PREPARING, Task
 from kandev_es.domain.wip import WipLedger, wip_ledger_id
@@ -21,7 +22,7 @@ from kandev_es.errors import (
     TaskNotFound,
     ValidationFailed,
 )
-from kandev_es.services.auth import Principal
+from kandev_es.services.auth import Principal, TokenService
 from kandev_es.storage.database import Database
 from kandev_es.views import task_dto
 
@@ -121,6 +122,7 @@ class TaskService:
                 self._app.save_atomically(task, *self._give_back_wip(task))
             except VersionConflict:
                 continue
+            TokenService(self._app).revoke_run(str(session_id_for(task.id)), "task_archived")
             return task_dto(task)
         raise Conflict("task is being edited concurrently; retry")
 
@@ -138,6 +140,7 @@ class TaskService:
                 self._app.save_atomically(task, *others, *self._give_back_wip(task))
             except VersionConflict:
                 continue
+            TokenService(self._app).revoke_run(str(session_id_for(task.id)), "task_deleted")
             return
         raise Conflict("task is being edited concurrently; retry")
 

@@ -13,12 +13,14 @@ from typing import Any
 from kandev_es.application import Tasks, VersionConflict
 from kandev_es.config import Settings
 from kandev_es.creation.driver import CreationDriver, Fenced
+from kandev_es.domain.agent_session import session_id_for
 from kandev_es.domain.errors import DomainRuleBroken
 from kandev_es.domain.identity import COMPLETED, PREPARING, Identity
 from kandev_es.domain.task import Task
 from kandev_es.domain.workspace import Workspace
 from kandev_es.errors import Conflict, WorkspaceNotFound
 from kandev_es.projections.runner import ProjectionRunner
+from kandev_es.services.auth import TokenService
 from kandev_es.storage.database import Database
 
 ATTEMPTS = 16
@@ -39,8 +41,10 @@ class WorkspaceDeletionService:
         # Every task written before the mark is in the read model after this.
         self._projections.catch_up()
         removed = 0
+        tokens = TokenService(self._app)
         for task_id in self._task_ids(workspace_id):
             removed += self._clear(task_id, generation)
+            tokens.revoke_run(str(session_id_for(task_id)), "workspace_deleted")
         return {
             "workspace_id": str(workspace_id),
             "deletion_generation": generation,

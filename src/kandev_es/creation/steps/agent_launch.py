@@ -5,6 +5,7 @@ witness; without one, the world (/proc) is asked whether the run exists."""
 from __future__ import annotations
 
 import json
+import logging
 import shlex
 import subprocess
 import threading
@@ -16,12 +17,22 @@ from kandev_es.config import agent_environment, data_path
 from kandev_es.creation.steps.base import StepContext, StepFailed
 from kandev_es.domain.agent_session import session_id_for
 from kandev_es.errors import KandevError
-from kandev_es.services.auth import TokenService
+from kandev_es.services.auth import RunCredentialRevoked, TokenService
+
+log = logging.getLogger(__name__)
 
 
 class AgentLaunchFailed(KandevError):
     status = 502
     code = "agent_launch_failed"
+
+
+def _reap(process: subprocess.Popen[bytes], tokens: TokenService, run_id: str) -> None:
+    process.wait()
+    try:
+        tokens.revoke_run(run_id, "agent_exited")
+    except Exception:  # store down: the expiry still bounds the credential
+        log.warning("could not revoke the run credential of %s", run_id, exc_info=True)
 
 
 class AgentLaunchStep:
@@ -44,13 +55,17 @@ class AgentLaunchStep:
         if existing is not None:
             return existing
         run_id = self._run_id(ctx)
-        secret, _ = TokenService(ctx.app).issue(
-            workspace_id=ctx.workspace_id,
-            admin=False,
-            label=f"run:{run_id}",
-            run_id=run_id,
-            task_id=ctx.task_id,
-        )
+        tokens = TokenService(ctx.app)
+        try:
+            secret, _ = tokens.issue(
+                workspace_id=ctx.workspace_id,
+                admin=False,
+                label=f"run:{run_id}",
+                run_id=run_id,
+                task_id=ctx.task_id,
+            )
+        except RunCredentialRevoked:
+            raise StepFailed(AgentLaunchFailed("the run has already ended")) from None
         cwd = self._cwd(ctx)
         cwd.mkdir(parents=True, exist_ok=True)
         log_path = data_path(ctx.settings, "agents", f"{ctx.task_id}.log")
@@ -76,9 +91,11 @@ class AgentLaunchStep:
                     start_new_session=True,
                 )
         except OSError as error:
+            tokens.revoke_run(run_id, "launch_failed")
             raise StepFailed(AgentLaunchFailed(f"agent command failed to start: {error}")) from None
-        # Reap it when it exits, so a finished agent never lingers as a zombie.
-        threading.Thread(target=process.wait, daemon=True).start()
+        # Reap it when it exits, so a finished agent never lingers as a zombie,
+        # and end its run credential with it.
+        threading.Thread(target=_reap, args=(process, tokens, run_id), daemon=True).start()
         evidence = {
             "pid": process.pid,
             "run_id": run_id,
@@ -105,6 +122,7 @@ class AgentLaunchStep:
 
     def compensate(self, ctx: StepContext) -> None:
         stop_run(self._run_id(ctx))
+        TokenService(ctx.app).revoke_run(self._run_id(ctx), "creation_aborted")
         self._pidfile(ctx).unlink(missing_ok=True)
 
     def absent(self, ctx: StepContext) -> bool:
