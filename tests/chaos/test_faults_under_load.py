@@ -75,7 +75,7 @@ DOWN_MAX_S = 12.0
 ANY_MAX_S = 15.0
 # After the faults: every ID settled within the lease plus a few Runtime scans.
 SETTLE_S = 30.0
-WIP_LIMIT = 1_000_000  # a policy step on every create, never the limit itself
+WIP_LIMIT = 100_000  # the largest allowed: a policy step on every create, never the limit itself
 CONNECTION_ERRORS = frozenset(
     {
         "RemoteDisconnected",
