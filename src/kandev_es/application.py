@@ -18,13 +18,9 @@ from kandev_es.config import Settings
 from kandev_es.errors import StoreUnavailable
 from kandev_es.storage.breaker import StoreBreaker, means_unreachable
 from kandev_es.storage.database import parse_postgres_url
-from kandev_es.storage.reconnect import reconnect_quickly
-from kandev_es.storage.recorders import (
-    POSTGRES_RECORDER_TOPIC,
-    SQLITE_RECORDER_TOPIC,
-    StreamsAdvanced,
-)
 from kandev_es.storage.sqlite_factory import SQLITE_FACTORY_TOPIC
+from kandev_es.storage.sqlite_recorder import SQLITE_RECORDER_TOPIC
+from kandev_es.storage.streams import StreamsAdvanced
 
 A = TypeVar("A", bound=Aggregate)
 log = logging.getLogger("kandev_es.store")
@@ -76,6 +72,9 @@ AGGREGATE_CACHE = {
 def event_store_env(settings: Settings) -> dict[str, str]:
     create = "y" if settings.create_tables else "n"
     if settings.database_url:
+        # Only here: psycopg is the `postgres` extra, absent from a plain install.
+        from kandev_es.storage.recorders import POSTGRES_RECORDER_TOPIC
+
         env = parse_postgres_url(settings.database_url)
         env.update(
             PERSISTENCE_MODULE="eventsourcing.postgres",
@@ -111,6 +110,8 @@ class Tasks(Application):  # type: ignore[type-arg]
         super().__init__(env=event_store_env(settings))
         # Only PostgreSQL goes away; SQLite's errors are lock timeouts.
         if breaker is None and settings.database_url:
+            from kandev_es.storage.reconnect import reconnect_quickly
+
             reconnect_quickly()
             breaker = StoreBreaker()
         self.breaker = breaker

@@ -30,7 +30,12 @@ def _emit(data: dict[str, Any]) -> None:
 
 
 @click.group()
-@click.option("--log-level", default=None, help="DEBUG, INFO, WARNING (default from env)")
+@click.option(
+    "--log-level",
+    default=None,
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+    help="default from KANDEV_LOG_LEVEL",
+)
 def main(log_level: str | None) -> None:
     """kandev-es: idempotent task creation by external ID."""
     level = log_level or load_settings().log_level

@@ -50,3 +50,18 @@ def test_token_create_needs_exactly_one_target(cli):
 def test_invalid_workspace_name_is_refused(cli):
     result = cli("workspace", "create", "bad name!")
     assert result.exit_code != 0
+
+
+def test_bad_log_level_is_a_one_line_usage_error(tmp_path):
+    import subprocess
+
+    from kandev_es.config import Settings
+    from tests.support.served import environment, kandev_command
+
+    result = subprocess.run(
+        [*kandev_command(), "--log-level", "LOUD", "db", "init"],
+        env=environment(Settings(data_dir=tmp_path / "data")),
+        capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+    )
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr and "LOUD" in result.stderr

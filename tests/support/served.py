@@ -91,13 +91,14 @@ class ServedProcess:
         log_dir: Path,
         workers: int | None = None,
         port: int | None = None,
+        launcher: list[str] | None = None,
         **extra_env: str,
     ) -> None:
         self.port = port or free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.stderr_path = log_dir / f"serve-{self.port}.log"
         env = environment(settings, KANDEV_PUBLIC_URL=self.base, **extra_env)
-        command = [*kandev_command(), "serve", "--port", str(self.port)]
+        command = [*(launcher or kandev_command()), "serve", "--port", str(self.port)]
         if workers is not None:
             command += ["--workers", str(workers)]
         with self.stderr_path.open("wb") as log:

@@ -344,3 +344,18 @@ def test_accepted_values_are_idempotent_and_fit_in_255_bytes(raw: str) -> None:
     assert normalize_external_id(normalize_external_id(value)) == value
     assert 0 < _utf8_len(value) <= MAX_EXTERNAL_ID_BYTES
     assert value == value.strip()
+
+
+@pytest.mark.parametrize("raw", [None, "", "  \u3000 "])
+def test_require_external_id_refuses_an_absent_one(raw: object) -> None:
+    from kandev_es.domain.external_id import require_external_id
+
+    with pytest.raises(InvalidExternalId) as caught:
+        require_external_id(raw)
+    assert caught.value.details["reason"] == "missing"
+
+
+def test_require_external_id_returns_the_canonical_one() -> None:
+    from kandev_es.domain.external_id import require_external_id
+
+    assert require_external_id("  PROJ-1 ") == "PROJ-1"

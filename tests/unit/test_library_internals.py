@@ -68,10 +68,10 @@ def test_recorder_retry_decorator_exposes_the_undecorated_method(owner: str,
 def test_sqlite_recorder_inserts_through_one_overridable_method() -> None:
     method = getattr(SQLiteApplicationRecorder, "_insert_events", None)
     assert method is not None, _changed(
-        "eventsourcing", "SQLiteApplicationRecorder._insert_events", "storage/recorders.py")
+        "eventsourcing", "SQLiteApplicationRecorder._insert_events", "storage/sqlite_recorder.py")
     parameters = inspect.signature(method).parameters
     assert list(parameters)[:3] == ["self", "c", "stored_events"], _changed(
         "eventsourcing", "_insert_events(self, c, stored_events, **kwargs)",
-        "storage/recorders.py")
+        "storage/sqlite_recorder.py")
     assert any(p.kind is p.VAR_KEYWORD for p in parameters.values()), _changed(
-        "eventsourcing", "_insert_events(..., **kwargs)", "storage/recorders.py")
+        "eventsourcing", "_insert_events(..., **kwargs)", "storage/sqlite_recorder.py")

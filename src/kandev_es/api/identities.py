@@ -10,8 +10,8 @@ from flask.views import MethodView
 from flask_smorest import Blueprint
 
 from kandev_es.api.context import path_uuid, principal, services
-from kandev_es.domain.external_id import normalize_external_id
-from kandev_es.errors import IdentityNotFound, InvalidExternalId
+from kandev_es.domain.external_id import require_external_id
+from kandev_es.errors import IdentityNotFound
 from kandev_es.services.history import identity_history
 
 blp = Blueprint("identities", __name__, url_prefix="/api/v1", description="Identity audit")
@@ -31,7 +31,5 @@ class IdentityHistory(MethodView):
         if who is None or not who.admin:
             raise IdentityNotFound("identity not found")
         target = path_uuid(workspace_id, "workspace id")
-        external_id = normalize_external_id(request.args.get("external_id"))
-        if external_id is None:
-            raise InvalidExternalId("external_id query parameter is required", reason="missing")
+        external_id = require_external_id(request.args.get("external_id"))
         return identity_history(services().app, target, external_id)

@@ -17,8 +17,8 @@ from kandev_es.api.context import (
     services,
 )
 from kandev_es.creation.request import CreateTaskRequestSchema
-from kandev_es.domain.external_id import normalize_external_id
-from kandev_es.errors import InvalidExternalId, TaskNotFound
+from kandev_es.domain.external_id import normalize_external_id, require_external_id
+from kandev_es.errors import TaskNotFound
 from kandev_es.services.auth import require_operator
 from kandev_es.views import task_dto
 
@@ -70,9 +70,7 @@ class TaskLookup(MethodView):
         who = principal()
         if who is None or not who.may_act_on(workspace):
             raise TaskNotFound("task not found")
-        external_id = normalize_external_id(request.args.get("external_id"))
-        if external_id is None:
-            raise InvalidExternalId("external_id query parameter is required", reason="missing")
+        external_id = require_external_id(request.args.get("external_id"))
         found = services().creation.lookup(workspace, external_id)
         if found is None:
             raise TaskNotFound("task not found")

@@ -56,6 +56,15 @@ def normalize_external_id(raw: object) -> str | None:
     return trimmed
 
 
+def require_external_id(raw: object) -> str:
+    """The canonical external ID of a lookup, release or history query, where
+    absent (or blank) is an error rather than "create without one"."""
+    external_id = normalize_external_id(raw)
+    if external_id is None:
+        raise InvalidExternalId("external_id query parameter is required", reason="missing")
+    return external_id
+
+
 @functools.lru_cache(maxsize=65536)  # a retry asks again for the same one (SHA-1)
 def identity_id(workspace_id: uuid.UUID, external_id: str) -> uuid.UUID:
     """Aggregate id of the identity: the event store's unique (originator_id,

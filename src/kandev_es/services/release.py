@@ -10,11 +10,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from kandev_es.application import Tasks, VersionConflict
-from kandev_es.domain.external_id import identity_id, normalize_external_id
+from kandev_es.domain.external_id import identity_id, require_external_id
 from kandev_es.domain.identity import COMPLETED, PREPARING, Identity
 from kandev_es.domain.release import ReleaseOperation, release_operation_id
 from kandev_es.domain.task import Task
-from kandev_es.errors import BadRequest, Conflict, InvalidExternalId, ValidationFailed
+from kandev_es.errors import BadRequest, Conflict, ValidationFailed
 from kandev_es.storage.attestation import AttestationGuard
 from kandev_es.views import task_dto
 
@@ -60,9 +60,7 @@ class ReleaseService:
         self, workspace_id: uuid.UUID, raw_external_id: object, raw_operation_id: str | None
     ) -> ReleaseResult:
         operation_id = validate_operation_id(raw_operation_id)
-        external_id = normalize_external_id(raw_external_id)
-        if external_id is None:
-            raise InvalidExternalId("external_id query parameter is required", reason="missing")
+        external_id = require_external_id(raw_external_id)
         self._attestation.require()
         for _ in range(ATTEMPTS):
             stored = self._app.load(

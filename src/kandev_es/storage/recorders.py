@@ -1,5 +1,6 @@
-"""The event store's recorders (PostgreSQL and SQLite), with what the create
-protocol needs beyond the library's:
+"""The PostgreSQL event store recorder, with what the create protocol needs
+beyond the library's (the SQLite one is ``sqlite_recorder``; this module is
+imported only when the database URL is PostgreSQL, psycopg being an extra):
 
 - **fail fast** (PostgreSQL): the library retries every call ten times, each
   waiting up to the pool timeout, so a request against a stopped database hung
@@ -23,28 +24,22 @@ from __future__ import annotations
 import functools
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import psycopg
 from eventsourcing.persistence import InterfaceError, OperationalError, StoredEvent
 from eventsourcing.postgres import PostgresAggregateRecorder, PostgresApplicationRecorder
-from eventsourcing.sqlite import SQLiteApplicationRecorder
 from psycopg.rows import tuple_row
 from psycopg.sql import SQL, Identifier
 from psycopg_pool import PoolTimeout
 
 from kandev_es.storage.counters import sequence_name
 from kandev_es.storage.pools import serve_most_recent_first
+from kandev_es.storage.streams import Since, StreamsAdvanced, Versions
 
 F = TypeVar("F", bound=Callable[..., Any])
 FAST_FAILURE_S = 0.25
-Versions = Mapping[uuid.UUID, int]
-Since = Sequence[tuple[uuid.UUID, int]]  # (aggregate id, version already known)
-
-
-class StreamsAdvanced(Exception):
-    """A stream the guarded save depended on gained events after it was read."""
 
 
 def _unretried(method: Any) -> Any:
@@ -205,56 +200,4 @@ class KandevPostgresRecorder(PostgresApplicationRecorder):
         return int(row[0])
 
 
-class KandevSQLiteRecorder(SQLiteApplicationRecorder):
-    def next_office_number(self, workspace_id: uuid.UUID) -> int:
-        with self.datastore.transaction(commit=True) as c:
-            c.execute(
-                "INSERT INTO office_counters (workspace_id, last_value) VALUES (?, 1)"
-                " ON CONFLICT (workspace_id) DO UPDATE SET last_value = last_value + 1"
-                " RETURNING last_value",
-                (str(workspace_id),),
-            )
-            return int(c.fetchone()[0])
-
-    def select_streams(self, since: Since) -> list[StoredEvent]:
-        one = (
-            f"SELECT originator_id, originator_version, topic, state"
-            f" FROM {self.events_table_name} WHERE originator_id = ? AND originator_version > ?"
-        )
-        statement = " UNION ALL ".join([one] * len(since))
-        params = [p for key, version in since for p in (key.hex, version)]
-        with self.datastore.transaction(commit=False) as c:
-            c.execute(statement, params)
-            rows = c.fetchall()
-        events = [
-            StoredEvent(
-                originator_id=self.convert_originator_id(row["originator_id"]),
-                originator_version=row["originator_version"],
-                topic=row["topic"],
-                state=row["state"],
-            )
-            for row in rows
-        ]
-        events.sort(key=lambda e: (str(e.originator_id), e.originator_version))
-        return events
-
-    def _insert_events(self, c: Any, stored_events: Sequence[StoredEvent],
-                       **kwargs: Any) -> Sequence[int] | None:
-        ids = super()._insert_events(c, stored_events, **kwargs)
-        unchanged: Versions | None = kwargs.get("unchanged")
-        if unchanged:
-            # The insert took the write lock, so this sees every committed write;
-            # raising here rolls the transaction back.
-            for key, version in unchanged.items():
-                c.execute(
-                    f"SELECT 1 FROM {self.events_table_name}"
-                    " WHERE originator_id = ? AND originator_version > ? LIMIT 1",
-                    (key.hex, version),
-                )
-                if c.fetchone() is not None:
-                    raise StreamsAdvanced("a stream this save depends on has moved on")
-        return ids
-
-
 POSTGRES_RECORDER_TOPIC = f"{__name__}:{KandevPostgresRecorder.__name__}"
-SQLITE_RECORDER_TOPIC = f"{__name__}:{KandevSQLiteRecorder.__name__}"

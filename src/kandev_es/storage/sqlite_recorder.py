@@ -1,0 +1,71 @@
+"""The SQLite event store recorder (the embedded default), with the create
+protocol's extras the PostgreSQL recorder in ``recorders`` also has: several
+streams in one query (``select_streams``), a guarded save
+(``insert_events(..., unchanged={id: version})``) and the office counter
+(``next_office_number``). Imports nothing PostgreSQL-only: a plain
+``pip install`` has no psycopg."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from eventsourcing.persistence import StoredEvent
+from eventsourcing.sqlite import SQLiteApplicationRecorder
+
+from kandev_es.storage.streams import Since, StreamsAdvanced, Versions
+
+
+class KandevSQLiteRecorder(SQLiteApplicationRecorder):
+    def next_office_number(self, workspace_id: uuid.UUID) -> int:
+        with self.datastore.transaction(commit=True) as c:
+            c.execute(
+                "INSERT INTO office_counters (workspace_id, last_value) VALUES (?, 1)"
+                " ON CONFLICT (workspace_id) DO UPDATE SET last_value = last_value + 1"
+                " RETURNING last_value",
+                (str(workspace_id),),
+            )
+            return int(c.fetchone()[0])
+
+    def select_streams(self, since: Since) -> list[StoredEvent]:
+        one = (
+            f"SELECT originator_id, originator_version, topic, state"
+            f" FROM {self.events_table_name} WHERE originator_id = ? AND originator_version > ?"
+        )
+        statement = " UNION ALL ".join([one] * len(since))
+        params = [p for key, version in since for p in (key.hex, version)]
+        with self.datastore.transaction(commit=False) as c:
+            c.execute(statement, params)
+            rows = c.fetchall()
+        events = [
+            StoredEvent(
+                originator_id=self.convert_originator_id(row["originator_id"]),
+                originator_version=row["originator_version"],
+                topic=row["topic"],
+                state=row["state"],
+            )
+            for row in rows
+        ]
+        events.sort(key=lambda e: (str(e.originator_id), e.originator_version))
+        return events
+
+    def _insert_events(self, c: Any, stored_events: Sequence[StoredEvent],
+                       **kwargs: Any) -> Sequence[int] | None:
+        ids = super()._insert_events(c, stored_events, **kwargs)
+        unchanged: Versions | None = kwargs.get("unchanged")
+        if unchanged:
+            # The insert took the write lock, so this sees every committed write;
+            # raising here rolls the transaction back.
+            for key, version in unchanged.items():
+                c.execute(
+                    f"SELECT 1 FROM {self.events_table_name}"
+                    " WHERE originator_id = ? AND originator_version > ? LIMIT 1",
+                    (key.hex, version),
+                )
+                if c.fetchone() is not None:
+                    raise StreamsAdvanced("a stream this save depends on has moved on")
+        return ids
+
+
+SQLITE_RECORDER_TOPIC = f"{__name__}:{KandevSQLiteRecorder.__name__}"
