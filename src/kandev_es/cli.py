@@ -88,7 +88,12 @@ def token() -> None:
 @click.option("--workspace", "workspace_id", default=None, help="workspace id the token acts on")
 @click.option("--admin", is_flag=True, help="an admin token acting on every workspace")
 @click.option("--label", default="", help="free text to recognise the token by")
-def token_create(workspace_id: str | None, admin: bool, label: str) -> None:
+@click.option(
+    "--role", type=click.Choice(["member", "operator"]), default="member",
+    help="workspace tokens: member (tasks, feeds) or operator (adds release, "
+    "repositories, policy, workspace deletion)",
+)
+def token_create(workspace_id: str | None, admin: bool, label: str, role: str) -> None:
     """Issue a token and print it once as JSON."""
     if admin == (workspace_id is not None):
         raise click.UsageError("give exactly one of --workspace ID or --admin")
@@ -102,7 +107,9 @@ def token_create(workspace_id: str | None, admin: bool, label: str) -> None:
                 raise click.BadParameter("not a UUID", param_hint="--workspace") from None
             if services.workspaces.get(target) is None:
                 raise click.ClickException(f"no workspace {workspace_id}")
-        secret, _ = services.tokens.issue(workspace_id=target, admin=admin, label=label)
+        secret, _ = services.tokens.issue(
+            workspace_id=target, admin=admin, label=label, role=role
+        )
         _emit({"token": secret})
     finally:
         services.close()

@@ -68,6 +68,13 @@ class UnknownReference(ValidationFailed):
     code = "unknown_reference"
 
 
+class OperatorRequired(KandevError):
+    """A member token on a route that needs an operator of that workspace."""
+
+    status = 403
+    code = "operator_required"
+
+
 class NotFound(KandevError):
     status = 404
     code = "not_found"

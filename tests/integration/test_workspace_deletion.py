@@ -17,10 +17,11 @@ def delete_workspace(client, workspace, secret):
     return client.delete(f"/api/v1/workspaces/{workspace.id}", headers=bearer(secret))
 
 
-def test_deletion_is_admin_only(client, services, workspace, member):
-    _, secret = member
+def test_deletion_needs_an_operator(client, services, workspace):
+    secret, _ = services.tokens.issue(workspace_id=workspace.id, admin=False, role="member")
     create(client, secret, external_id="WD-0", title="t")
-    assert delete_workspace(client, workspace, secret).status_code == 404
+    answer = delete_workspace(client, workspace, secret)
+    assert (answer.status_code, answer.json["error"]) == (403, "operator_required")
     assert services.workspaces.get(workspace.id) is not None
 
 

@@ -13,6 +13,7 @@ from marshmallow import Schema, fields, validate
 
 from kandev_es.api.context import json_object, path_uuid, principal, services
 from kandev_es.errors import BadRequest, ValidationFailed, WorkspaceNotFound
+from kandev_es.services.auth import require_operator
 
 blp = Blueprint("resources", __name__, url_prefix="/api/v1", description="Workspace resources")
 
@@ -89,6 +90,7 @@ class Repositories(MethodView):
     @blp.response(201, RepositorySchema)
     def post(self, workspace_id: str) -> dict[str, str]:
         target = _member_of(workspace_id)
+        require_operator(principal(), target)
         body = _body(RepositorySchema)
         return services().repositories.register(target, body["name"], body["path"])
 
@@ -132,10 +134,8 @@ class Policy(MethodView):
     )
     @blp.response(200, PolicySchema)
     def put(self, workspace_id: str) -> dict[str, Any]:
-        who = principal()
-        if who is None or not who.admin:
-            raise WorkspaceNotFound("workspace not found")
-        target = path_uuid(workspace_id, "workspace id")
+        target = _member_of(workspace_id)
+        require_operator(principal(), target)
         body = _body(PolicySchema)
         workspace = services().workspaces.set_wip_limit(target, body["wip_limit"])
         return {"wip_limit": workspace.wip_limit}

@@ -113,12 +113,19 @@ class TokenCreateSchema(Schema):
     workspace_id = fields.UUID()
     admin = fields.Boolean(load_default=False)
     label = fields.String(load_default="")
+    role = fields.String(
+        load_default="member",
+        validate=validate.OneOf(["member", "operator"]),
+        metadata={"description": "workspace tokens: member, or operator (release, "
+                  "repositories, policy, workspace deletion, task deletion)"},
+    )
 
 
 class TokenSchema(Schema):
     token = fields.String(required=True, metadata={"description": "shown once; stored hashed"})
     admin = fields.Boolean(required=True)
     workspace_id = fields.UUID(allow_none=True)
+    role = fields.String(required=True)
 
 
 class HealthSchema(Schema):

@@ -19,6 +19,7 @@ from kandev_es.api.context import (
 from kandev_es.creation.request import CreateTaskRequestSchema
 from kandev_es.domain.external_id import normalize_external_id, require_external_id
 from kandev_es.errors import TaskNotFound
+from kandev_es.services.auth import require_operator
 from kandev_es.views import task_dto
 
 blp = Blueprint("tasks", __name__, url_prefix="/api/v1", description="Tasks")
@@ -100,6 +101,7 @@ class TaskLookup(MethodView):
         who = principal()
         if who is None or not who.may_act_on(workspace):
             raise TaskNotFound("task not found")
+        require_operator(who, workspace)
         result = services().release.release(
             workspace, request.args.get("external_id"), request.headers.get("Idempotency-Key")
         )

@@ -10,7 +10,7 @@ from flask_smorest import Blueprint
 from kandev_es.api import schemas
 from kandev_es.api.context import json_object, path_uuid, principal, services
 from kandev_es.errors import BadRequest, ValidationFailed, WorkspaceNotFound
-from kandev_es.services.auth import Principal
+from kandev_es.services.auth import Principal, require_operator
 from kandev_es.services.workspaces import workspace_dto
 
 blp = Blueprint("workspaces", __name__, url_prefix="/api/v1", description="Workspaces, tokens")
@@ -65,8 +65,11 @@ class WorkspaceItem(MethodView):
     @blp.doc(summary="Delete a workspace (admin): fences creations, frees every identity")
     @blp.response(200, schemas.WorkspaceDeletionSchema)
     def delete(self, workspace_id: str) -> dict[str, Any]:
-        _admin()
-        return services().workspace_deletion.delete(path_uuid(workspace_id, "workspace id"))
+        target = path_uuid(workspace_id, "workspace id")
+        if services().workspaces.get(target) is None:
+            raise WorkspaceNotFound("workspace not found")
+        require_operator(principal(), target)
+        return services().workspace_deletion.delete(target)
 
 
 @blp.route("/tokens")
@@ -87,6 +90,10 @@ class TokenCollection(MethodView):
         if workspace_id is not None and services().workspaces.get(workspace_id) is None:
             raise WorkspaceNotFound("workspace not found")
         secret, issued = services().tokens.issue(
-            workspace_id=workspace_id, admin=body["admin"], label=body["label"]
+            workspace_id=workspace_id, admin=body["admin"], label=body["label"],
+            role=body["role"],
         )
-        return {"token": secret, "admin": issued.admin, "workspace_id": issued.workspace_id}
+        return {
+            "token": secret, "admin": issued.admin, "workspace_id": issued.workspace_id,
+            "role": issued.role,
+        }

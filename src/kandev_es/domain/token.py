@@ -53,6 +53,13 @@ class ApiToken(Aggregate):
         self.run_id = run_id
         self.task_id = task_id
         self.revoked = False
+        # Workspace tokens stored before roles existed carry no Scoped event and
+        # replay as operators, so existing installs keep every right they had.
+        self.role = "admin" if admin else ("run" if run_id is not None else "operator")
+
+    @event("Scoped")
+    def scope(self, role: str) -> None:
+        self.role = role
 
     @classmethod
     def issue(

@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 
 from kandev_es.application import Tasks, VersionConflict
 from kandev_es.domain.token import ApiToken, hash_token, run_token_id_for, token_id_for
+from kandev_es.errors import OperatorRequired, WorkspaceNotFound
 
 TOKEN_PREFIX = "kes_"
 
@@ -23,6 +24,7 @@ class Principal:
     # to and the task that run belongs to. Workspace and admin tokens: None.
     run_id: str | None = None
     task_id: uuid.UUID | None = None
+    role: str = "member"
 
     @property
     def actor(self) -> str:
@@ -30,6 +32,29 @@ class Principal:
 
     def may_act_on(self, workspace_id: uuid.UUID) -> bool:
         return self.admin or self.workspace_id == workspace_id
+
+    def is_operator_of(self, workspace_id: uuid.UUID) -> bool:
+        return self.admin or (self.role == OPERATOR and self.workspace_id == workspace_id)
+
+
+MEMBER, OPERATOR = "member", "operator"
+ROLES = (MEMBER, OPERATOR)
+
+
+def require_member(principal: Principal | None, workspace_id: uuid.UUID) -> Principal:
+    """The principal if it may act on the workspace; else the route's usual 404."""
+    if principal is None or not principal.may_act_on(workspace_id):
+        raise WorkspaceNotFound("workspace not found")
+    return principal
+
+
+def require_operator(principal: Principal | None, workspace_id: uuid.UUID) -> Principal:
+    """A member of the workspace that is not its operator gets 403
+    operator_required; anyone else learns nothing (404)."""
+    found = require_member(principal, workspace_id)
+    if not found.is_operator_of(workspace_id):
+        raise OperatorRequired("this needs an operator token of the workspace")
+    return found
 
 
 DEFAULT_RUN_TOKEN_TTL = 24 * 3600.0
@@ -52,6 +77,7 @@ class TokenService:
         label: str = "",
         run_id: str | None = None,
         task_id: uuid.UUID | None = None,
+        role: str = OPERATOR,
     ) -> tuple[str, Principal]:
         if admin == (workspace_id is not None):
             raise ValueError("a token is either admin or bound to exactly one workspace")
@@ -66,11 +92,15 @@ class TokenService:
                 existing.rekey(hash_token(secret))
                 self._app.save_atomically(existing)
                 return secret, Principal(existing.id, False, workspace_id, run_id, task_id)
+        if role not in ROLES:
+            raise ValueError(f"role must be one of {', '.join(ROLES)}")
         token = ApiToken.issue(
             hash_token(secret), workspace_id, admin, label, run_id=run_id, task_id=task_id
         )
+        if not admin and run_id is None:
+            token.scope(role)
         self._app.save_atomically(token)
-        return secret, Principal(token.id, admin, workspace_id, run_id, task_id)
+        return secret, Principal(token.id, admin, workspace_id, run_id, task_id, token.role)
 
     def authenticate(self, secret: str | None) -> Principal | None:
         if not secret or not secret.startswith(TOKEN_PREFIX) or len(secret) > 200:
@@ -83,7 +113,9 @@ class TokenService:
         # The id already derives from the hash; compare anyway, in constant time.
         if not hmac.compare_digest(token.token_hash, token_hash):
             return None
-        return Principal(token.id, token.admin, token.workspace_id, token.run_id, token.task_id)
+        return Principal(
+            token.id, token.admin, token.workspace_id, token.run_id, token.task_id, token.role
+        )
 
     def authenticate_run(self, secret: str | None, run_id: str | None) -> Principal | None:
         """A run credential plus the run id it is bound to (``X-Kandev-Run-Id``).
@@ -101,7 +133,7 @@ class TokenService:
         # Bounds a run whose end was never observed (KANDEV_RUN_TOKEN_TTL).
         if datetime.now(UTC) - token.modified_on > self._run_ttl:
             return None
-        return Principal(token.id, False, token.workspace_id, token.run_id, token.task_id)
+        return Principal(token.id, False, token.workspace_id, token.run_id, token.task_id, "run")
 
     def revoke_run(self, run_id: str, reason: str) -> bool:
         """Revoke the run's credential (idempotent); True if this call revoked it."""

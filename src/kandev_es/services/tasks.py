@@ -18,6 +18,7 @@ from kandev_es.domain.workspace import Workspace
 from kandev_es.errors import (
     Conflict,
     ExternalIdImmutable,
+    OperatorRequired,
     RevisionMismatch,
     TaskNotFound,
     ValidationFailed,
@@ -130,6 +131,9 @@ class TaskService:
         """Deleting a task frees its identity in the same atomic save."""
         for _ in range(EDIT_ATTEMPTS):
             task = self._editable(principal, task_id, None)
+            # Deleting frees the identity, like a release: an operator's action.
+            if principal is None or not principal.is_operator_of(task.workspace_id):
+                raise OperatorRequired("deleting a task needs an operator token")
             identity = self._app.load(task.identity_id, Identity)
             holder = identity.holder if identity else None
             if identity is not None and holder is not None and holder.task_id == task.id:
