@@ -4,6 +4,8 @@ for an identity that is held — it never reveals that a task exists."""
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 
 from tests.support.mcp_client import call, mcp_stdio
@@ -112,3 +114,32 @@ async def test_admin_token_resolves_the_only_workspace_then_needs_one_when_sever
     # The parent's workspace is used, and its external_id is never inherited.
     assert child["workspace_id"] == str(globex.id) and child["parent_id"] == explicit["id"]
     assert "external_id" not in child and child["outcome"] == "created"
+
+
+def test_the_only_workspace_scan_goes_through_the_store_breaker(
+    settings, services, workspace, admin
+):
+    """Issue 17 point 3: with the breaker open, resolving the default workspace
+    is refused with the typed 503 like every other store call, not read around it."""
+    from kandev_es.application import Tasks
+    from kandev_es.errors import StoreUnavailable
+    from kandev_es.services.auth import Principal
+    from kandev_es.services.workspaces import WorkspaceService
+    from kandev_es.storage.breaker import StoreBreaker
+
+    principal, _ = admin
+    # A workspace token of a workspace never opened: the scan picks nothing for
+    # it and loads no workspace, so only the scan itself can meet the breaker.
+    stranger = Principal(token_id=uuid.uuid4(), admin=False, workspace_id=uuid.uuid4())
+    breaker = StoreBreaker(probe_interval=3600)
+    app = Tasks(settings, breaker=breaker)
+    try:
+        workspaces = WorkspaceService(app, services.database)
+        assert workspaces.only_live(principal) == workspace.id
+        assert workspaces.only_live(stranger) is None
+        breaker.failed("connection refused")
+        for caller in (principal, stranger):
+            with pytest.raises(StoreUnavailable):
+                workspaces.only_live(caller)
+    finally:
+        app.close()

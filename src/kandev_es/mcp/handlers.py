@@ -10,14 +10,48 @@ from typing import Any
 from marshmallow import RAISE, Schema, ValidationError, fields, validate
 
 from kandev_es.bootstrap import Services
+from kandev_es.domain.task import Task
 from kandev_es.errors import BadRequest, TaskNotFound, ValidationFailed
 from kandev_es.limits import MAX_CURSOR
 from kandev_es.mcp import tools
-from kandev_es.mcp.workspaces import resolve_workspace
 from kandev_es.services.auth import Principal
 from kandev_es.views import task_dto
 
 Handler = Callable[[Services, Principal | None, Mapping[str, Any]], dict[str, Any]]
+
+
+def resolve_workspace(
+    services: Services, principal: Principal | None, parent_id: object = None
+) -> uuid.UUID | None:
+    """Which workspace a tool call acts on when the caller did not say: the
+    parent task's, else the token's, else the only live one. Resolution never
+    decides authorization (the services do), and never picks a workspace the
+    principal may not act on."""
+    if principal is None:
+        return None
+    parent_workspace = _parent_workspace(services, principal, parent_id)
+    if parent_workspace is not None:
+        return parent_workspace
+    if principal.workspace_id is not None:
+        return principal.workspace_id
+    return services.workspaces.only_live(principal)
+
+
+def _parent_workspace(
+    services: Services, principal: Principal, parent_id: object
+) -> uuid.UUID | None:
+    """The parent's stream, even if the parent was deleted since: a task's
+    workspace never changes, so a retry still reaches the identity it created."""
+    if parent_id is None:
+        return None
+    try:
+        key = uuid.UUID(str(parent_id))
+    except ValueError:
+        return None  # the protocol reports it, after the lookup
+    parent = services.app.load(key, Task)
+    if parent is None or not principal.may_act_on(parent.workspace_id):
+        return None
+    return parent.workspace_id
 
 
 def create_task(
