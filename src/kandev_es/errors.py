@@ -154,3 +154,10 @@ class SchemaNotAttested(Unavailable):
 
 class StoreUnavailable(Unavailable):
     code = "store_unavailable"
+
+
+class InvalidSetting(KandevError):
+    """An environment setting that does not parse (KANDEV_POOL_SIZE=abc); the
+    CLI reports it as a usage error (exit 2)."""
+
+    code = "invalid_setting"
