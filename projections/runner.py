@@ -1,4 +1,4 @@
-"""Our own projection loop (DESIGN §6): read a batch of notifications after the
+"""Our own projection loop: read a batch of notifications after the
 tracked position, apply them and store the new position in one transaction;
 then sleep until a NOTIFY (PostgreSQL) or a short timeout, and start again.
 Any database error is logged once per outage and retried with backoff, so the

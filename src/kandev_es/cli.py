@@ -129,6 +129,36 @@ def token_create(workspace_id: str | None, admin: bool, label: str, role: str) -
         services.close()
 
 
+@token.command("list")
+def token_list() -> None:
+    """Print every token as JSON lines (id, role, workspace, created, revoked)."""
+    services = _open()
+    try:
+        for listed in services.tokens.list_tokens():
+            _emit(listed)
+    except KandevError as error:
+        raise click.ClickException(error.message) from None
+    finally:
+        services.close()
+
+
+@token.command("revoke")
+@click.argument("token_id")
+def token_revoke(token_id: str) -> None:
+    """Revoke a token by id; it is refused from its next request."""
+    try:
+        target = uuid.UUID(token_id)
+    except ValueError:
+        raise click.BadParameter("not a UUID", param_hint="TOKEN_ID") from None
+    services = _open()
+    try:
+        _emit(services.tokens.revoke(target))
+    except KandevError as error:
+        raise click.ClickException(f"{error.message}: {token_id}") from None
+    finally:
+        services.close()
+
+
 @main.group()
 def projections() -> None:
     """Read-model projections."""

@@ -104,6 +104,12 @@ class WorkspaceNotFound(NotFound):
         return {"error": "workspace not found"}
 
 
+class TokenNotFound(NotFound):
+    """No token has that id (``token revoke``, ``DELETE /api/v1/tokens/<id>``)."""
+
+    code = "token_not_found"
+
+
 class IdentityNotFound(NotFound):
     code = "identity not found"
 

@@ -1,4 +1,4 @@
-"""DESIGN §6 feeds: exactly one task.created per completed creation (on
+"""Feeds: exactly one task.created per completed creation (on
 Task.Activated), none for a Found, none before Completed; task.updated for
 edits, archive and release; deterministic ids; paging; SSE resumption."""
 

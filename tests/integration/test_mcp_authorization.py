@@ -1,4 +1,4 @@
-"""Authorization over MCP (DESIGN §4 step 1): the token decides the workspace;
+"""Authorization over MCP: the token decides the workspace;
 a refused create is the fixed 404 "task not created" and writes nothing, even
 for an identity that is held — it never reveals that a task exists."""
 

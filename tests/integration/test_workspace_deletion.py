@@ -141,3 +141,52 @@ def test_a_deleted_workspace_name_is_used_again_with_ids_apart_from_its_history(
     third = client.post("/api/v1/workspaces", json={"name": workspace.name},
                         headers=bearer(admin_secret))
     assert third.status_code in (200, 201) and third.json["id"] not in (new_id, str(workspace.id))
+
+
+def test_deleting_a_workspace_records_its_generation_on_a_tenure_released_while_preparing(
+    client, services, workspace, member, admin, paused_owner
+):
+    """Issue 17 point 6: an operator released the tenure while it was preparing;
+    the deletion still fences it, records its generation on the identity and
+    counts the task it took out."""
+    _, secret = member
+    _, admin_secret = admin
+    slow, wait_until_paused, resume = paused_owner
+    client.put(
+        f"/api/v1/workspaces/{workspace.id}/policy",
+        json={"wip_limit": 10},
+        headers=bearer(admin_secret),
+    )
+    principal = slow.tokens.authenticate(secret)
+    failure: dict = {}
+
+    def owner() -> None:
+        try:
+            slow.creation.create(principal, {"external_id": "WD-3", "title": "slow"})
+        except Exception as error:
+            failure["error"] = error
+
+    thread = threading.Thread(target=owner)
+    thread.start()
+    wait_until_paused()
+    released = client.delete(
+        f"/api/v1/workspaces/{workspace.id}/tasks/by-external-id",
+        query_string={"external_id": "WD-3"},
+        headers={**bearer(admin_secret), "Idempotency-Key": "op-wd-3"},
+    )
+    assert released.status_code == 200 and released.json["creation_complete"] is False
+
+    answer = delete_workspace(client, workspace, admin_secret)
+    assert answer.status_code == 200
+    assert answer.json["deletion_generation"] == 1 and answer.json["tasks_removed"] == 1
+    resume()
+    thread.join(timeout=60)
+    assert getattr(failure.get("error"), "code", None) == "creation_handed_over"
+
+    identity = services.app.load(identity_id(workspace.id, "WD-3"), Identity)
+    assert identity is not None
+    tenure = identity.tenure(1)
+    assert tenure.phase == "aborted" and tenure.released
+    assert tenure.deletion_generation == 1
+    kinds = [type(e).__name__ for e in services.app.repository.event_store.get(identity.id)]
+    assert kinds.count("Released") == 1 and "WorkspaceDeletionRecorded" in kinds

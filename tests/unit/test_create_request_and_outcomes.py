@@ -1,5 +1,5 @@
-"""Request-specific validation (DESIGN §4 step 4), the four create outcomes and
-their response flags (seed "What"; AC-TASKS-EXTERNAL-ID-001.2), and the
+"""Request-specific validation, the four create outcomes and
+their response flags (README: Outcomes; AC-2), and the
 CreationPlan's hash (AC-TASKS-EXTERNAL-ID-001.5: the handle is bound to it).
 """
 
@@ -227,7 +227,7 @@ def test_unsettled_advice_says_release_and_recreate_is_unsafe() -> None:
     advice = UNSETTLED_ADVICE.lower()
     assert "never release" in advice
     assert "create again" in advice
-    # ...and names the safe alternatives from the seed.
+    # ...and names the safe alternatives README's "The one unsafe thing" names.
     assert "proceed" in advice
     assert "poll" in advice
     assert "escalate" in advice

@@ -1,4 +1,4 @@
-"""Rules of the Identity, Task and Workspace aggregates (DESIGN §3).
+"""Rules of the Identity, Task and Workspace aggregates.
 
 Identity: one stream per (workspace, external ID); each Claimed opens a tenure,
 "the holder" is the latest tenure neither released nor aborted, and a released

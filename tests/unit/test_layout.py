@@ -1,4 +1,4 @@
-"""The layout DESIGN §1 fixes: http/ holds the contract, never a Python package
+"""The layout README's Layout section describes: http/ holds the contract, never a Python package
 that would shadow the standard library's ``http``."""
 
 from __future__ import annotations

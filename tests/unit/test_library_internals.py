@@ -75,3 +75,27 @@ def test_sqlite_recorder_inserts_through_one_overridable_method() -> None:
         "storage/sqlite_recorder.py")
     assert any(p.kind is p.VAR_KEYWORD for p in parameters.values()), _changed(
         "eventsourcing", "_insert_events(..., **kwargs)", "storage/sqlite_recorder.py")
+
+
+
+def test_sqlite_pool_hands_out_writers_through_overridable_methods(tmp_path: Any) -> None:
+    from eventsourcing.sqlite import SQLiteConnectionPool, SQLiteDatastore
+
+    user = "storage/sqlite_factory.py"
+    get = inspect.signature(SQLiteConnectionPool.get_connection).parameters
+    assert "timeout" in get and "is_writer" in get, _changed(
+        "eventsourcing", "SQLiteConnectionPool.get_connection(timeout, *, is_writer)", user)
+    assert list(inspect.signature(SQLiteConnectionPool.put_connection).parameters) == [
+        "self", "conn"], _changed("eventsourcing", "SQLiteConnectionPool.put_connection", user)
+    datastore = SQLiteDatastore(db_name=str(tmp_path / "canary.sqlite3"))
+    for name in ("pool", "single_row_tracking", "originator_id_type"):
+        assert hasattr(datastore, name), _changed("eventsourcing", f"SQLiteDatastore.{name}", user)
+    assert hasattr(datastore.pool, "db_name"), _changed(
+        "eventsourcing", "SQLiteConnectionPool.db_name", user)
+    conn = datastore.pool.get_connection(is_writer=True)
+    try:
+        assert getattr(conn, "is_writer", None) is True, _changed(
+            "eventsourcing", "SQLiteConnection.is_writer", user)
+    finally:
+        datastore.pool.put_connection(conn)
+        datastore.pool.close()

@@ -1,1 +1,1 @@
-"""The create protocol (DESIGN §4): one implementation for every entry point."""
+"""The create protocol: one implementation for every entry point."""

@@ -1,4 +1,4 @@
-"""The four outcomes of a create carrying an external ID (seed, "What")."""
+"""The four outcomes of a create carrying an external ID (README: Outcomes)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The create protocol (DESIGN §4). Every entry point — REST, MCP, Office
+"""The create protocol. Every entry point — REST, MCP, Office
 runtime, agentctl — calls ``CreationService.create``; there is no other path."""
 
 from __future__ import annotations

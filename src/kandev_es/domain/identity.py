@@ -43,6 +43,7 @@ class Tenure:
     phase: str = PREPARING
     released: bool = False
     release_operation_id: str | None = None
+    deletion_generation: int | None = None
     outcome: str | None = None
     steps: dict[str, dict[str, Any]] = field(default_factory=dict)
 
@@ -197,6 +198,23 @@ class Identity(Aggregate):
             deletion_generation=deletion_generation,
         )
 
+    def record_workspace_deletion(self, tenure: int, operation_id: str, generation: int) -> None:
+        """Workspace deletion reaches this tenure: release it if it still holds;
+        if an operator released it first (say while it was preparing), record the
+        generation on its own, so every tenure the deletion took out carries it."""
+        current = self.tenure(tenure)
+        if current.deletion_generation is not None:
+            return
+        if current.holds:
+            self.release(tenure, operation_id, "workspace_deleted", generation)
+            return
+        self.trigger_event(
+            self.WorkspaceDeletionRecorded,
+            tenure=tenure,
+            operation_id=operation_id,
+            generation=generation,
+        )
+
     # ----- events ------------------------------------------------------------
     class Claimed(Aggregate.Event):
         tenure: int
@@ -291,3 +309,13 @@ class Identity(Aggregate):
             tenure = aggregate.tenures[self.tenure]
             tenure.released = True
             tenure.release_operation_id = self.operation_id
+            if self.deletion_generation is not None:
+                tenure.deletion_generation = self.deletion_generation
+
+    class WorkspaceDeletionRecorded(Aggregate.Event):
+        tenure: int
+        operation_id: str
+        generation: int
+
+        def apply(self, aggregate: Identity) -> None:
+            aggregate.tenures[self.tenure].deletion_generation = self.generation

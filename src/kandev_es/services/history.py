@@ -98,6 +98,11 @@ def _describe(entry: dict[str, Any]) -> str:
         generation = entry.get("deletion_generation")
         extra = f", deletion generation {generation}" if generation is not None else ""
         return f"RELEASED, operation {entry['operation_id']}, reason {entry['reason']}{extra}"
+    if kind == "WorkspaceDeletionRecorded":
+        return (
+            f"workspace deleted, generation {entry['generation']},"
+            f" operation {entry['operation_id']} (already released)"
+        )
     details = {k: v for k, v in entry.items() if k not in ("version", "timestamp", "event")}
     return f"{kind} {details}"
 

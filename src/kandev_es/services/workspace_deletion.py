@@ -72,16 +72,19 @@ class WorkspaceDeletionService:
 
     def _clear(self, task_id: uuid.UUID, generation: int) -> int:
         operation = f"workspace-delete:{generation}"
+        fenced = False
         for _ in range(ATTEMPTS):
             task = self._app.load(task_id, Task)
             if task is None or task.deleted or task.phase == "aborted":
-                return 0
+                # A creation this deletion fenced and aborted counts as removed.
+                return 1 if fenced else 0
             identity = self._app.load(task.identity_id, Identity)
             assert identity is not None
             tenure = next(t for t in identity.tenures.values() if t.task_id == task_id)
             try:
                 if tenure.in_flight:
                     self._fence_and_settle(identity, tenure.number, operation, generation)
+                    fenced = True
                     continue  # re-read: it is settled now
                 if tenure.phase == COMPLETED and tenure.holds:
                     identity.release(tenure.number, operation, "workspace_deleted", generation)
@@ -97,8 +100,9 @@ class WorkspaceDeletionService:
     ) -> None:
         tenure = identity.tenure(number)
         epoch = identity.recover(number, operation, datetime.now(UTC) + self._lease)
-        if tenure.phase == PREPARING and tenure.holds:
-            identity.release(number, operation, "workspace_deleted", generation)
+        if tenure.phase == PREPARING:
+            # Also when an operator already released it: the generation is recorded.
+            identity.record_workspace_deletion(number, operation, generation)
         self._app.save_atomically(identity)
         # Preparing aborts (the workspace is deleted); completing completes. If
         # someone newer acts on it instead, the next pass re-reads.

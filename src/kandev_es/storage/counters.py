@@ -1,6 +1,6 @@
 """Office task identifiers (``KAN-42``). The counter never goes back: a
 PostgreSQL sequence (no commit of its own), a counter row on SQLite. A
-concurrent loser's number stays unused — the single leak the seed permits.
+concurrent loser's number stays unused — the one gap in office numbers we accept.
 The number is drawn by the event store's recorder (``next_office_number``), on
 the connections the create already uses."""
 
