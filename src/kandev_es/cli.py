@@ -282,5 +282,18 @@ def mcp_server(over_http: bool, host: str, port: int) -> None:
 register_ops(main, projections)
 register_agentctl(main)  # agentctl task create (inside an agent run)
 
+
+def _whole_summaries(group: click.Group) -> None:
+    """Give every command without a short_help its help's first paragraph, so
+    --help lists whole summaries (click otherwise cuts them off with "...")."""
+    for command in group.commands.values():
+        if command.short_help is None and command.help:
+            command.short_help = " ".join(command.help.split("\n\n", 1)[0].split())
+        if isinstance(command, click.Group):
+            _whole_summaries(command)
+
+
+_whole_summaries(main)
+
 if __name__ == "__main__":  # pragma: no cover
     main()
