@@ -77,9 +77,14 @@ class ProjectionRunner:
             raise next(iter(failures.values()))
         return read
 
-    def catch_up(self) -> None:
-        while self.run_once():
-            pass
+    def catch_up(self) -> int:
+        """Apply everything pending; return how many events were read (summed
+        over projections)."""
+        read = total = self.run_once()
+        while read:
+            read = self.run_once()
+            total += read
+        return total
 
     def apply_pending(
         self, tx: Transaction, projection: Projection, tracking: str, limit: int

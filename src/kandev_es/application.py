@@ -227,3 +227,18 @@ class Tasks(Application):  # type: ignore[type-arg]
     def max_notification_id(self) -> int:
         with self._store_call():
             return int(self.recorder.max_notification_id() or 0)
+
+    def originators(self, topic: str, page: int = 500) -> list[uuid.UUID]:
+        """Ids of every aggregate with a notification of ``topic``, oldest first:
+        a scan of the notification log for small, rarely listed kinds (tokens)."""
+        found: list[uuid.UUID] = []
+        start = 1
+        while True:
+            with self._store_call():
+                batch = self.recorder.select_notifications(
+                    start=start, limit=page, topics=[topic]
+                )
+            found.extend(uuid.UUID(str(n.originator_id)) for n in batch)
+            if len(batch) < page:
+                return found
+            start = batch[-1].id + 1

@@ -6,6 +6,7 @@ import json
 import logging
 import sys
 import uuid
+from collections import Counter
 from typing import Any
 
 import click
@@ -14,7 +15,7 @@ from kandev_es.bootstrap import Services, bootstrap, init_storage
 from kandev_es.cli_agentctl import register as register_agentctl
 from kandev_es.cli_ops import register as register_ops
 from kandev_es.config import Settings, load_settings
-from kandev_es.errors import KandevError
+from kandev_es.errors import InvalidSetting, KandevError
 
 
 def _settings(**overrides: Any) -> Settings:
@@ -29,16 +30,29 @@ def _emit(data: dict[str, Any]) -> None:
     click.echo(json.dumps(data, default=str))
 
 
-@click.group()
+class SettingError(click.ClickException):
+    """A bad environment setting: a usage error (exit 2), one line."""
+
+    exit_code = 2
+
+
+@click.group(context_settings={"max_content_width": 100})
 @click.option(
     "--log-level",
     default=None,
     type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
-    help="default from KANDEV_LOG_LEVEL",
+    help="default from KANDEV_LOG_LEVEL, else WARNING (INFO for serve)",
 )
-def main(log_level: str | None) -> None:
+@click.pass_context
+def main(ctx: click.Context, log_level: str | None) -> None:
     """kandev-es: idempotent task creation by external ID."""
-    level = log_level or load_settings().log_level
+    try:
+        settings = load_settings()  # every command reads it: bad values fail here, once
+    except InvalidSetting as error:
+        raise SettingError(error.message) from None
+    # One-shot commands stay quiet unless asked; the server logs its operation.
+    quiet = "INFO" if ctx.invoked_subcommand == "serve" else "WARNING"
+    level = log_level or settings.log_level or quiet
     logging.basicConfig(
         level=level.upper(),
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
@@ -51,12 +65,12 @@ def db() -> None:
     """Database administration."""
 
 
-@db.command("init")
+@db.command("init", short_help="Create the event store and read-model tables.")
 def db_init() -> None:
     """Create the event store and read-model tables (once, before workers start)."""
     settings = _settings()
     init_storage(settings)
-    click.echo(f"initialised {settings.backend} storage", err=True)
+    click.echo(f"initialised {settings.backend}: {settings.location}")
 
 
 @main.group()
@@ -115,19 +129,51 @@ def token_create(workspace_id: str | None, admin: bool, label: str, role: str) -
         services.close()
 
 
+@token.command("list")
+def token_list() -> None:
+    """Print every token as JSON lines (id, role, workspace, created, revoked)."""
+    services = _open()
+    try:
+        for listed in services.tokens.list_tokens():
+            _emit(listed)
+    except KandevError as error:
+        raise click.ClickException(error.message) from None
+    finally:
+        services.close()
+
+
+@token.command("revoke")
+@click.argument("token_id")
+def token_revoke(token_id: str) -> None:
+    """Revoke a token by id; it is refused from its next request."""
+    try:
+        target = uuid.UUID(token_id)
+    except ValueError:
+        raise click.BadParameter("not a UUID", param_hint="TOKEN_ID") from None
+    services = _open()
+    try:
+        _emit(services.tokens.revoke(target))
+    except KandevError as error:
+        raise click.ClickException(f"{error.message}: {token_id}") from None
+    finally:
+        services.close()
+
+
 @main.group()
 def projections() -> None:
     """Read-model projections."""
 
 
-@projections.command("run")
+@projections.command("run", short_help="Run the projection loop beside the web workers.")
 @click.option("--once", is_flag=True, help="catch up and exit")
 def projections_run(once: bool) -> None:
     """Run the projection loop (a separate process beside the web workers)."""
     services = _open(create_tables=False)
     try:
         if once:
-            services.projections.catch_up()
+            read = services.projections.catch_up()
+            count = len(services.projections.projections)
+            click.echo(f"projections caught up: {read} events processed by {count} projections")
         else:
             services.projections.run_forever(services.settings.projection_poll_seconds)
     except KeyboardInterrupt:
@@ -161,7 +207,7 @@ def release(workspace_id: str, external_id: str, operation_id: str) -> None:
         services.close()
 
 
-@main.command()
+@main.command(short_help="Run the fenced recovery Runtime (finish or abort orphaned creations).")
 @click.option("--once", is_flag=True, help="one recovery scan, then exit")
 @click.option("--poll", default=1.0, show_default=True, help="seconds between scans")
 def runtime(once: bool, poll: float) -> None:
@@ -172,7 +218,8 @@ def runtime(once: bool, poll: float) -> None:
     actor = Runtime(services)
     try:
         if once:
-            for recovery in actor.recover_once():
+            recoveries = actor.recover_once()
+            for recovery in recoveries:
                 _emit(
                     {
                         "identity_id": recovery.identity_id,
@@ -181,6 +228,10 @@ def runtime(once: bool, poll: float) -> None:
                         "phase": recovery.phase,
                     }
                 )
+            phases = Counter(recovery.phase for recovery in recoveries)
+            detail = ", ".join(f"{n} {phase}" for phase, n in sorted(phases.items()))
+            summary = f"runtime: {len(recoveries)} creations settled"
+            click.echo(summary + (f" ({detail})" if detail else ""))
         else:
             actor.run_forever(poll)
     except KeyboardInterrupt:
@@ -189,7 +240,7 @@ def runtime(once: bool, poll: float) -> None:
         services.close()
 
 
-@main.command()
+@main.command(short_help="Run the API (embedded SQLite; PostgreSQL with KANDEV_DATABASE_URL).")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8000, show_default=True, type=int)
 @click.option("--workers", default=None, type=int, help="web worker processes")
@@ -204,7 +255,7 @@ def serve(host: str, port: int, workers: int | None, threads: int) -> None:
     run_server(settings.with_overrides(create_tables=False), host, port, workers, threads)
 
 
-@main.command("mcp")
+@main.command("mcp", short_help="Run the MCP server (stdio, or streamable HTTP with --http).")
 @click.option("--http", "over_http", is_flag=True, help="streamable HTTP instead of stdio")
 @click.option("--host", default="127.0.0.1", show_default=True, help="with --http")
 @click.option("--port", default=8765, show_default=True, type=int, help="with --http")
@@ -230,6 +281,19 @@ def mcp_server(over_http: bool, host: str, port: int) -> None:
 # projections rebuild, identity history, audit verify (operator/auditor tools)
 register_ops(main, projections)
 register_agentctl(main)  # agentctl task create (inside an agent run)
+
+
+def _whole_summaries(group: click.Group) -> None:
+    """Give every command without a short_help its help's first paragraph, so
+    --help lists whole summaries (click otherwise cuts them off with "...")."""
+    for command in group.commands.values():
+        if command.short_help is None and command.help:
+            command.short_help = " ".join(command.help.split("\n\n", 1)[0].split())
+        if isinstance(command, click.Group):
+            _whole_summaries(command)
+
+
+_whole_summaries(main)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -14,7 +14,7 @@ from kandev_es.agentctl import task_create
 from kandev_es.config import load_run_credential
 
 
-@click.group()
+@click.group(short_help="Agent-side commands, with the run credential (KANDEV_RUN_TOKEN).")
 def agentctl() -> None:
     """Agent-side commands, authenticated by the run credential (KANDEV_RUN_TOKEN)."""
 
@@ -24,7 +24,9 @@ def agentctl_task() -> None:
     """Tasks, as the calling agent run."""
 
 
-@agentctl_task.command("create")
+@agentctl_task.command(
+    "create", short_help="Create a task; a retry with the same --external-id finds it."
+)
 @click.option("--title", required=True)
 @click.option("--external-id", default=None, help="create-if-absent by this identity")
 @click.option("--description", default=None)

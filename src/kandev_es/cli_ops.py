@@ -36,7 +36,9 @@ class RateColumn(ProgressColumn):
         return Text(f"{speed:,.0f} events/s" if speed else "- events/s", style="cyan")
 
 
-@click.command("rebuild")
+@click.command(
+    "rebuild", short_help="Rebuild read models into fresh tables, swapped in atomically."
+)
 @click.option("--name", "names", multiple=True, help="projection to rebuild (repeatable)")
 @click.option("--batch-size", default=5000, show_default=True, help="events per transaction")
 def projections_rebuild(names: tuple[str, ...], batch_size: int) -> None:
@@ -90,7 +92,7 @@ def _workspace_id(services: Services, value: str) -> uuid.UUID:
         return workspace.id
 
 
-@click.command("history")
+@click.command("history", short_help="An identity's whole stream across tenures, as a timeline.")
 @click.option("--workspace", "workspace", required=True, help="workspace id or name")
 @click.option("--external-id", "external_id", required=True)
 @click.option("--json", "as_json", is_flag=True, help="print the history as JSON")
@@ -116,7 +118,9 @@ def identity_history_command(workspace: str, external_id: str, as_json: bool) ->
         services.close()
 
 
-@click.command("verify")
+@click.command(
+    "verify", short_help="Replay Task streams against tasks_view (exit 1 on disagreement)."
+)
 @click.option("--json", "as_json", is_flag=True, help="print the report as JSON")
 def audit_verify(as_json: bool) -> None:
     """Replay every Task stream and compare with tasks_view; exit 1 on any disagreement."""

@@ -7,6 +7,9 @@ import sys
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, replace
 from pathlib import Path
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from kandev_es.errors import InvalidSetting
 
 
 @dataclass(frozen=True)
@@ -20,7 +23,8 @@ class Settings:
     pool_size: int = 5
     max_body_bytes: int = 1_048_576
     projection_poll_seconds: float = 0.2
-    log_level: str = "INFO"
+    # None: the CLI picks (WARNING for one-shot commands, INFO for serve).
+    log_level: str | None = None
     lease_seconds: float = 30.0
     # Shell-style command line of the agent launched for start_agent tasks.
     agent_command: str = f"{sys.executable} -m kandev_es.agent.demo"
@@ -59,6 +63,14 @@ class Settings:
     def sqlite_path(self) -> Path:
         return self.data_dir / "kandev.sqlite3"
 
+    @property
+    def location(self) -> str:
+        """Where the storage lives, safe to print: the SQLite file, or the
+        PostgreSQL URL with its password masked."""
+        if self.database_url:
+            return redact_url(self.database_url)
+        return str(self.sqlite_path.resolve())
+
     def with_overrides(self, **changes: object) -> Settings:
         return replace(self, **changes)  # type: ignore[arg-type]
 
@@ -69,29 +81,63 @@ def _flag(value: str | None, default: bool) -> bool:
     return value.strip().lower() in {"1", "true", "yes", "y", "on"}
 
 
+def redact_url(url: str) -> str:
+    """``url`` with any password (in the authority or a ``password=`` query
+    parameter) replaced by ``***``."""
+    parts = urlsplit(url)
+    netloc = parts.netloc
+    if parts.password is not None:
+        userinfo, _, hostport = netloc.rpartition("@")
+        netloc = f"{userinfo.partition(':')[0]}:***@{hostport}"
+    query = urlencode(
+        [(k, "***" if k == "password" else v) for k, v in parse_qsl(parts.query)], safe="*"
+    )
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
+
+
+def _raw(env: Mapping[str, str], name: str) -> str | None:
+    return env.get(name) or None
+
+
+def _int(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = _raw(env, name)
+    try:
+        return default if raw is None else int(raw)
+    except ValueError:
+        raise InvalidSetting(f"{name} must be an integer, got {raw!r}") from None
+
+
+def _float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = _raw(env, name)
+    try:
+        return default if raw is None else float(raw)
+    except ValueError:
+        raise InvalidSetting(f"{name} must be a number, got {raw!r}") from None
+
+
 def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
     env = os.environ if environ is None else environ
     return Settings(
         data_dir=Path(env.get("KANDEV_DATA_DIR") or ".kandev-es"),
         database_url=env.get("KANDEV_DATABASE_URL") or None,
         create_tables=_flag(env.get("KANDEV_CREATE_TABLES"), True),
-        pool_size=int(env.get("KANDEV_POOL_SIZE") or 5),
-        max_body_bytes=int(env.get("KANDEV_MAX_BODY_BYTES") or 1_048_576),
-        projection_poll_seconds=float(env.get("KANDEV_PROJECTION_POLL_SECONDS") or 0.2),
-        log_level=env.get("KANDEV_LOG_LEVEL") or "INFO",
-        lease_seconds=float(env.get("KANDEV_LEASE_SECONDS") or 30.0),
+        pool_size=_int(env, "KANDEV_POOL_SIZE", 5),
+        max_body_bytes=_int(env, "KANDEV_MAX_BODY_BYTES", 1_048_576),
+        projection_poll_seconds=_float(env, "KANDEV_PROJECTION_POLL_SECONDS", 0.2),
+        log_level=env.get("KANDEV_LOG_LEVEL") or None,
+        lease_seconds=_float(env, "KANDEV_LEASE_SECONDS", 30.0),
         agent_command=env.get("KANDEV_AGENT_COMMAND") or Settings.agent_command,
         public_url=env.get("KANDEV_PUBLIC_URL") or Settings.public_url,
         failpoint=env.get("KANDEV_FAILPOINT") or None,
         runtime_in_process=_flag(env.get("KANDEV_RUNTIME_IN_PROCESS"), True),
         pg_pre_ping="y" if _flag(env.get("KANDEV_PG_PRE_PING"), False) else "n",
-        pg_connect_timeout=int(env.get("KANDEV_PG_CONNECT_TIMEOUT") or 1),
-        max_streams=int(env.get("KANDEV_MAX_STREAMS") or 32),
+        pg_connect_timeout=_int(env, "KANDEV_PG_CONNECT_TIMEOUT", 1),
+        max_streams=_int(env, "KANDEV_MAX_STREAMS", 32),
         repository_roots=tuple(
             Path(part) for part in (env.get("KANDEV_REPOSITORY_ROOTS") or "").split(":") if part
         ),
-        max_streams_per_token=int(env.get("KANDEV_MAX_STREAMS_PER_TOKEN") or 8),
-        run_token_ttl=float(env.get("KANDEV_RUN_TOKEN_TTL") or 24 * 3600.0),
+        max_streams_per_token=_int(env, "KANDEV_MAX_STREAMS_PER_TOKEN", 8),
+        run_token_ttl=_float(env, "KANDEV_RUN_TOKEN_TTL", 24 * 3600.0),
         agent_env=tuple(
             name.strip() for name in (env.get("KANDEV_AGENT_ENV") or "").split(",") if name.strip()
         ),

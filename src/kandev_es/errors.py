@@ -104,6 +104,12 @@ class WorkspaceNotFound(NotFound):
         return {"error": "workspace not found"}
 
 
+class TokenNotFound(NotFound):
+    """No token has that id (``token revoke``, ``DELETE /api/v1/tokens/<id>``)."""
+
+    code = "token_not_found"
+
+
 class IdentityNotFound(NotFound):
     code = "identity not found"
 
@@ -154,3 +160,10 @@ class SchemaNotAttested(Unavailable):
 
 class StoreUnavailable(Unavailable):
     code = "store_unavailable"
+
+
+class InvalidSetting(KandevError):
+    """An environment setting that does not parse (KANDEV_POOL_SIZE=abc); the
+    CLI reports it as a usage error (exit 2)."""
+
+    code = "invalid_setting"

@@ -65,3 +65,77 @@ def test_bad_log_level_is_a_one_line_usage_error(tmp_path):
     )
     assert result.returncode == 2
     assert "Traceback" not in result.stderr and "LOUD" in result.stderr
+
+
+def _run(settings, *args: str, **extra: str):
+    """The real `kandev-es` in a subprocess, on ``settings``' backend."""
+    import subprocess
+
+    from tests.support.served import environment, kandev_command
+
+    return subprocess.run(
+        [*kandev_command(), *args],
+        env=environment(settings, COLUMNS="80", **extra),
+        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+    )
+
+
+def test_help_shows_whole_summaries(tmp_path):
+    from kandev_es.config import Settings
+
+    settings = Settings(data_dir=tmp_path / "data")
+    groups = [(), ("db",), ("projections",), ("identity",), ("audit",), ("agentctl",),
+              ("agentctl", "task"), ("token",), ("workspace",)]
+    for group in groups:
+        result = _run(settings, *group, "--help")
+        assert result.returncode == 0, result.stderr
+        assert "Commands:" in result.stdout
+        assert "..." not in result.stdout.split("Commands:", 1)[1], (group, result.stdout)
+
+
+def test_db_init_prints_backend_and_location_without_secrets(settings):
+    result = _run(settings, "db", "init")
+    assert result.returncode == 0, result.stderr
+    [line] = result.stdout.splitlines()
+    if settings.database_url:
+        from urllib.parse import urlsplit
+
+        password = urlsplit(settings.database_url).password
+        assert line.startswith("initialised postgres: postgresql://")
+        assert password is None or password not in result.stdout + result.stderr
+        assert urlsplit(settings.database_url).hostname in line
+    else:
+        assert line == f"initialised sqlite: {settings.sqlite_path.resolve()}"
+
+
+def test_commands_are_quiet_unless_asked(settings):
+    assert _run(settings, "db", "init").returncode == 0
+    quiet = _run(settings, "workspace", "create", "hush")
+    assert quiet.returncode == 0, quiet.stderr
+    assert quiet.stderr == ""
+    loud = _run(settings, "--log-level", "info", "workspace", "create", "loud")
+    assert loud.returncode == 0 and "INFO kandev_es schema attested" in loud.stderr
+
+
+def test_once_commands_print_a_one_line_summary(settings):
+    assert _run(settings, "db", "init").returncode == 0
+    assert _run(settings, "workspace", "create", "summary").returncode == 0
+    projected = _run(settings, "projections", "run", "--once")
+    assert projected.returncode == 0, projected.stderr
+    [line] = projected.stdout.splitlines()
+    assert line.startswith("projections caught up: ") and "events processed" in line
+    recovered = _run(settings, "runtime", "--once")
+    assert recovered.returncode == 0, recovered.stderr
+    assert recovered.stdout.splitlines() == ["runtime: 0 creations settled"]
+
+
+def test_bad_numeric_setting_is_a_one_line_usage_error(settings):
+    for name in ("KANDEV_POOL_SIZE", "KANDEV_LEASE_SECONDS"):
+        result = _run(settings, "db", "init", **{name: "abc"})
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.strip().splitlines() == [
+            f"Error: {name} must be {'an integer' if 'POOL' in name else 'a number'}, got 'abc'"
+        ]
+        assert result.stdout == ""
+    # nothing was created: the failure came before any storage was touched
+    assert not settings.sqlite_path.exists() or settings.database_url

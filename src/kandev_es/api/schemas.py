@@ -128,6 +128,25 @@ class TokenSchema(Schema):
     role = fields.String(required=True)
 
 
+class TokenInfoSchema(Schema):
+    """A listed token: never its secret or its hash."""
+
+    id = fields.UUID(required=True)
+    role = fields.String(
+        required=True,
+        metadata={"description": "admin, operator, member, or run (a run credential)"},
+    )
+    workspace_id = fields.UUID(allow_none=True)
+    label = fields.String(required=True)
+    run_id = fields.String(allow_none=True)
+    created_on = fields.DateTime(required=True)
+    revoked = fields.Boolean(required=True)
+
+
+class TokenListSchema(Schema):
+    tokens = fields.List(fields.Nested(TokenInfoSchema), required=True)
+
+
 class HealthSchema(Schema):
     status = fields.String(required=True, validate=validate.OneOf(["ok"]))
 

@@ -74,6 +74,12 @@ class WorkspaceItem(MethodView):
 
 @blp.route("/tokens")
 class TokenCollection(MethodView):
+    @blp.doc(summary="List every token (admin): never a secret or its hash")
+    @blp.response(200, schemas.TokenListSchema)
+    def get(self) -> dict[str, Any]:
+        _admin()
+        return {"tokens": services().tokens.list_tokens()}
+
     @blp.doc(
         requestBody={
             "required": True,
@@ -97,3 +103,12 @@ class TokenCollection(MethodView):
             "token": secret, "admin": issued.admin, "workspace_id": issued.workspace_id,
             "role": issued.role,
         }
+
+
+@blp.route("/tokens/<token_id>")
+class TokenItem(MethodView):
+    @blp.doc(summary="Revoke a token (admin); refused from its next request, idempotent")
+    @blp.response(204)
+    def delete(self, token_id: str) -> None:
+        _admin()
+        services().tokens.revoke(path_uuid(token_id, "token id"))

@@ -7,10 +7,13 @@ import secrets
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from eventsourcing.utils import get_topic
 
 from kandev_es.application import Tasks, VersionConflict
 from kandev_es.domain.token import ApiToken, hash_token, run_token_id_for, token_id_for
-from kandev_es.errors import OperatorRequired, WorkspaceNotFound
+from kandev_es.errors import Conflict, OperatorRequired, TokenNotFound, WorkspaceNotFound
 
 TOKEN_PREFIX = "kes_"
 
@@ -58,6 +61,20 @@ def require_operator(principal: Principal | None, workspace_id: uuid.UUID) -> Pr
 
 
 DEFAULT_RUN_TOKEN_TTL = 24 * 3600.0
+ISSUED_TOPIC = get_topic(ApiToken.Issued)
+
+
+def token_dto(token: ApiToken) -> dict[str, Any]:
+    """What a listing shows of a token: never its secret or its hash."""
+    return {
+        "id": token.id,
+        "role": token.role,
+        "workspace_id": token.workspace_id,
+        "label": token.label,
+        "run_id": token.run_id,
+        "created_on": token.created_on,
+        "revoked": token.revoked,
+    }
 
 
 class RunCredentialRevoked(Exception):
@@ -148,3 +165,26 @@ class TokenService:
                 continue
             return True
         return False
+
+    def list_tokens(self) -> list[dict[str, Any]]:
+        """Every token ever issued (run credentials too), oldest first."""
+        ids = self._app.originators(ISSUED_TOPIC)
+        found = self._app.read_many(ids)
+        return [token_dto(t) for t in found.values() if isinstance(t, ApiToken)]
+
+    def revoke(self, token_id: uuid.UUID, reason: str = "revoked") -> dict[str, Any]:
+        """Revoke any token by id; revoking a revoked token changes nothing.
+        It is refused from its next request: authenticate loads it afresh."""
+        for _ in range(8):
+            token = self._app.load(token_id, ApiToken)
+            if token is None:
+                raise TokenNotFound("token not found")
+            if token.revoked:
+                return token_dto(token)
+            token.revoke(reason)
+            try:
+                self._app.save_atomically(token)
+            except VersionConflict:
+                continue
+            return token_dto(token)
+        raise Conflict("the token keeps changing; retry")
