@@ -217,13 +217,6 @@ class Tasks(Application):  # type: ignore[type-arg]
             raise VersionConflict from None
         return max((r.notification.id for r in recordings), default=0)
 
-    def originators(self, topic: str, start: int, limit: int) -> list[tuple[int, uuid.UUID]]:
-        """(notification id, originator) of one event topic from ``start``, a
-        page at a time, through the store breaker like every other store call."""
-        with self._store_call():
-            batch = self.recorder.select_notifications(start=start, limit=limit, topics=[topic])
-        return [(n.id, uuid.UUID(str(n.originator_id))) for n in batch]
-
     def max_notification_id(self) -> int:
         with self._store_call():
             return int(self.recorder.max_notification_id() or 0)

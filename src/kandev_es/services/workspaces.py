@@ -15,7 +15,6 @@ from kandev_es.storage.database import Database
 # Bounds the walk over a name's deleted incarnations (each one a load).
 MAX_INCARNATIONS = 1000
 OPENED_TOPIC = f"{Workspace.__module__}:{Workspace.Opened.__qualname__}"
-PAGE = 500
 
 
 class WorkspaceService:
@@ -68,18 +67,13 @@ class WorkspaceService:
         """The single live workspace the principal may act on, or None when there
         are none or several: the default for a caller that named none."""
         found: uuid.UUID | None = None
-        start = 1
-        while True:
-            batch = self._app.originators(OPENED_TOPIC, start, PAGE)
-            for _, workspace_id in batch:
-                if not principal.may_act_on(workspace_id) or self.get(workspace_id) is None:
-                    continue  # not the caller's, or deleted
-                if found is not None and found != workspace_id:
-                    return None
-                found = workspace_id
-            if len(batch) < PAGE:
-                return found
-            start = batch[-1][0] + 1
+        for workspace_id in self._app.originators(OPENED_TOPIC):
+            if not principal.may_act_on(workspace_id) or self.get(workspace_id) is None:
+                continue  # not the caller's, or deleted
+            if found is not None and found != workspace_id:
+                return None
+            found = workspace_id
+        return found
 
     def set_wip_limit(self, workspace_id: uuid.UUID, limit: int | None) -> Workspace:
         for _ in range(8):
