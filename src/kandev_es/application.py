@@ -116,6 +116,36 @@ class Tasks(Application):  # type: ignore[type-arg]
             breaker = StoreBreaker()
         self.breaker = breaker
         self._snapshots = ReadCache()
+        # Background threads (an agent's reaper) may outlive the request that
+        # started them; they use the store only inside ``unless_closed`` so
+        # closing never pulls a connection from under them (SQLite segfaults).
+        self._open_lock = threading.Condition()
+        self._background_calls = 0
+        self._closed = False
+
+    @contextmanager
+    def unless_closed(self) -> Iterator[bool]:
+        """Yield True and keep close() waiting while the store is in use;
+        yield False (and touch nothing) once the application is closed."""
+        with self._open_lock:
+            if self._closed:
+                usable = False
+            else:
+                usable = True
+                self._background_calls += 1
+        try:
+            yield usable
+        finally:
+            if usable:
+                with self._open_lock:
+                    self._background_calls -= 1
+                    self._open_lock.notify_all()
+
+    def close(self) -> None:
+        with self._open_lock:
+            self._closed = True
+            self._open_lock.wait_for(lambda: self._background_calls == 0, timeout=30)
+        super().close()
 
     @contextmanager
     def _store_call(self) -> Iterator[None]:

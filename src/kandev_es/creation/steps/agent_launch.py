@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from kandev_es.agent.processes import processes_for_run, stop_run
+from kandev_es.application import Tasks
 from kandev_es.config import agent_environment, data_path
 from kandev_es.creation.steps.base import StepContext, StepFailed
 from kandev_es.domain.agent_session import session_id_for
@@ -27,12 +28,15 @@ class AgentLaunchFailed(KandevError):
     code = "agent_launch_failed"
 
 
-def _reap(process: subprocess.Popen[bytes], tokens: TokenService, run_id: str) -> None:
+def _reap(process: subprocess.Popen[bytes], app: Tasks, run_id: str) -> None:
     process.wait()
-    try:
-        tokens.revoke_run(run_id, "agent_exited")
-    except Exception:  # store down: the expiry still bounds the credential
-        log.warning("could not revoke the run credential of %s", run_id, exc_info=True)
+    with app.unless_closed() as usable:
+        if not usable:  # shutting down: the expiry ends the credential
+            return
+        try:
+            TokenService(app).revoke_run(run_id, "agent_exited")
+        except Exception:  # store down: the expiry still bounds the credential
+            log.warning("could not revoke the run credential of %s", run_id, exc_info=True)
 
 
 class AgentLaunchStep:
@@ -95,7 +99,7 @@ class AgentLaunchStep:
             raise StepFailed(AgentLaunchFailed(f"agent command failed to start: {error}")) from None
         # Reap it when it exits, so a finished agent never lingers as a zombie,
         # and end its run credential with it.
-        threading.Thread(target=_reap, args=(process, tokens, run_id), daemon=True).start()
+        threading.Thread(target=_reap, args=(process, ctx.app, run_id), daemon=True).start()
         evidence = {
             "pid": process.pid,
             "run_id": run_id,
