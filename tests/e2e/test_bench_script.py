@@ -51,3 +51,29 @@ def test_quick_bench_prints_every_measurement_and_a_single_storm_task():
     assert {"found_in_process_vs_raw_select", "created_in_process_vs_raw_insert_tx"} <= report[
         "targets"
     ].keys()
+
+
+def test_scaling_section_compares_kandev_with_the_crud_peer_at_each_client_count():
+    """scripts/bench --scaling-only with tiny sizes: kandev-es and
+    scripts/crud_peer.py served side by side on the test PostgreSQL; the JSON
+    holds a kandev/peer ratio per client count. No timing is asserted."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KANDEV_")}
+    env["KANDEV_BENCH_DATABASE_URL"] = postgres_admin_url()
+    run = subprocess.run(
+        [sys.executable, str(BENCH), "--scaling-only", "--seconds", "0.3", "--workers", "1",
+         "--scaling-clients", "1,2"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    scaling = json.loads(run.stdout)["scaling"]
+    assert [row["clients"] for row in scaling["http"]] == [1, 2]
+    for row in scaling["http"]:
+        assert {"created_ratio", "found_ratio"} <= row.keys()
+        for side in ("kandev", "peer"):
+            assert row[f"{side}_created_per_s"] > 0 and row[f"{side}_found_per_s"] > 0
+    assert scaling["failed_requests"] == {"kandev": {}, "peer": {}}
+    assert "kandev/peer" in run.stderr or "x peer" in run.stderr

@@ -1,0 +1,156 @@
+"""A CRUD peer for scripts/bench: idempotent task creation without event sourcing.
+
+What a team would write for "create a task once per (workspace, external_id)"
+with plain Flask and psycopg: a lookup by the unique key, then ONE transaction
+inserting the task row (unique index on (workspace_id, external_id)), an office
+number from a sequence and an outbox row; a unique violation means a racing
+caller won, so the existing row is returned (Found). The bearer token is looked
+up by its SHA-256 per request, as kandev-es does, so both sides pay for auth.
+
+Served by the same gunicorn config as kandev-es (http/gunicorn.conf.py: same
+KANDEV_WORKERS and KANDEV_THREADS):
+
+    gunicorn -c http/gunicorn.conf.py --pythonpath scripts 'crud_peer:create_app()'
+
+Environment (read here: this is a benchmark peer, not part of kandev_es):
+    PEER_DATABASE_URL  a plain libpq URL          (required)
+    PEER_SCHEMA        schema holding its tables  (default "peer")
+
+``python scripts/crud_peer.py init URL SCHEMA`` creates the schema and tables;
+``python scripts/crud_peer.py token URL SCHEMA WORKSPACE`` prints a new token.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+import sys
+import uuid
+from typing import Any
+
+import psycopg
+from flask import Flask, jsonify, request
+from psycopg import errors
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+from psycopg_pool import ConnectionPool
+
+DDL = """
+CREATE SCHEMA IF NOT EXISTS "{schema}";
+SET search_path TO "{schema}";
+CREATE SEQUENCE IF NOT EXISTS office_numbers;
+CREATE TABLE IF NOT EXISTS peer_tokens (
+    token_sha256 text PRIMARY KEY, workspace_id uuid NOT NULL);
+CREATE TABLE IF NOT EXISTS peer_tasks (
+    id uuid PRIMARY KEY, workspace_id uuid NOT NULL, external_id text COLLATE "C",
+    office_number bigint NOT NULL, title text NOT NULL, description text NOT NULL,
+    workflow text NOT NULL, created_at timestamptz NOT NULL DEFAULT now());
+CREATE UNIQUE INDEX IF NOT EXISTS peer_tasks_identity
+    ON peer_tasks (workspace_id, external_id);
+CREATE TABLE IF NOT EXISTS peer_outbox (
+    id bigserial PRIMARY KEY, task_id uuid NOT NULL, type text NOT NULL,
+    payload jsonb NOT NULL, created_at timestamptz NOT NULL DEFAULT now());
+"""
+
+SELECT_TASK = (
+    "SELECT id, office_number FROM peer_tasks WHERE workspace_id = %s AND external_id = %s"
+)
+
+
+def digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def init(url: str, schema: str) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(DDL.format(schema=schema).encode())
+
+
+def issue_token(url: str, schema: str, workspace: str) -> str:
+    token = secrets.token_urlsafe(24)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f'SET search_path TO "{schema}"')
+        conn.execute("INSERT INTO peer_tokens VALUES (%s, %s)", (digest(token), workspace))
+    return token
+
+
+def one(conn: psycopg.Connection[Any], sql: str, params: tuple[Any, ...]) -> dict[str, Any] | None:
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(sql.encode(), params).fetchone()
+
+
+def reply(outcome: str, row: dict[str, Any], status: int = 200) -> Any:
+    return jsonify(outcome=outcome, id=str(row["id"]), office_number=row["office_number"]), status
+
+
+def create_app() -> Flask:
+    url = os.environ["PEER_DATABASE_URL"]
+    schema = os.environ.get("PEER_SCHEMA", "peer")
+    threads = int(os.environ.get("KANDEV_THREADS") or 8)
+    pool = ConnectionPool(
+        url, min_size=1, max_size=threads, open=True,
+        kwargs={"options": f"-c search_path={schema}"},
+    )
+    app = Flask("crud_peer")
+
+    @app.get("/healthz")
+    def healthz() -> Any:
+        return jsonify(status="ok")
+
+    @app.post("/api/v1/tasks")
+    def create() -> Any:
+        token = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+        data = request.get_json(silent=True)
+        if not isinstance(data, dict) or not isinstance(data.get("title"), str):
+            return jsonify(error="invalid_request"), 400
+        external_id = data.get("external_id")
+        with pool.connection() as conn:
+            conn.autocommit = True
+            owner = one(
+                conn, "SELECT workspace_id FROM peer_tokens WHERE token_sha256 = %s",
+                (digest(token),),
+            )
+            if owner is None or str(owner["workspace_id"]) != data.get("workspace_id"):
+                return jsonify(error="unauthorized"), 401
+            workspace = owner["workspace_id"]
+            if external_id is not None:
+                found = one(conn, SELECT_TASK, (workspace, external_id))
+                if found is not None:
+                    return reply("found", found)
+            task = uuid.uuid4()
+            try:
+                with conn.transaction():
+                    row = one(
+                        conn,
+                        "INSERT INTO peer_tasks (id, workspace_id, external_id, office_number,"
+                        " title, description, workflow)"
+                        " VALUES (%s, %s, %s, nextval('office_numbers'), %s, %s, %s)"
+                        " RETURNING id, office_number",
+                        (task, workspace, external_id, data["title"],
+                         data.get("description", ""), data.get("workflow", "default")),
+                    )
+                    conn.execute(
+                        "INSERT INTO peer_outbox (task_id, type, payload)"
+                        " VALUES (%s, 'task.created', %s)",
+                        (task, Jsonb({"id": str(task), "title": data["title"]})),
+                    )
+            except errors.UniqueViolation:
+                # A racing caller committed the same identity first.
+                found = one(conn, SELECT_TASK, (workspace, external_id))
+                assert found is not None
+                return reply("found", found)
+            assert row is not None
+            return reply("created", row)
+
+    return app
+
+
+if __name__ == "__main__":
+    command, *rest = sys.argv[1:]
+    if command == "init":
+        init(*rest)
+    elif command == "token":
+        print(issue_token(*rest))
+    else:
+        raise SystemExit(__doc__)
