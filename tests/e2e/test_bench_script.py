@@ -61,7 +61,7 @@ def test_scaling_section_compares_kandev_with_the_crud_peer_at_each_client_count
     env["KANDEV_BENCH_DATABASE_URL"] = postgres_admin_url()
     run = subprocess.run(
         [sys.executable, str(BENCH), "--scaling-only", "--seconds", "0.3", "--workers", "1",
-         "--scaling-clients", "1,2"],
+         "--scaling-clients", "1,2", "--save-clients", "1,2"],
         env=env,
         capture_output=True,
         text=True,
@@ -76,4 +76,8 @@ def test_scaling_section_compares_kandev_with_the_crud_peer_at_each_client_count
         for side in ("kandev", "peer"):
             assert row[f"{side}_created_per_s"] > 0 and row[f"{side}_found_per_s"] > 0
     assert scaling["failed_requests"] == {"kandev": {}, "peer": {}}
-    assert "kandev/peer" in run.stderr or "x peer" in run.stderr
+    assert "x peer" in run.stderr  # the ratios are printed
+    assert [row["clients"] for row in scaling["store_saves"]] == [1, 2]
+    for row in scaling["store_saves"]:
+        assert {"saves_per_s", "raw_insert_tx_per_s", "ratio", "vs_one_client"} <= row.keys()
+        assert row["saves_per_s"] > 0 and row["raw_insert_tx_per_s"] > 0
