@@ -4,6 +4,8 @@ and writes nothing. Runs on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 
 from kandev_es.domain.token import ApiToken
@@ -66,10 +68,8 @@ def test_no_token_at_all_is_not_created(client, services, run):
 def test_run_token_of_another_workspace_is_not_created(
     body, client, services, workspace, run, other_run
 ):
-    # A subtask of a task in this workspace, as a run of the other one.
-    path = f"{ROOT}/{run.task_id}/subtasks"
-    assert_refused(client, services, path, other_run.headers(), body)
     # A root or agentctl create naming this workspace, as a run of the other one.
+    # (A subtask of this workspace's task: test_a_parent_in_another_workspace_...)
     for path in (ROOT, AGENTCTL):
         named = {**body, "workspace_id": str(workspace.id)}
         assert_refused(client, services, path, other_run.headers(), named)
@@ -112,3 +112,29 @@ def test_tokens_issued_before_run_binding_replay_with_no_run(services, workspace
     )
     replayed = mapper.to_domain_event(old).mutate(None)
     assert (replayed.run_id, replayed.task_id, replayed.workspace_id) == (None, None, workspace.id)
+
+
+def test_a_parent_in_another_workspace_answers_as_an_unknown_parent(
+    client, services, run, other_run
+):
+    """A run of the other workspace naming this workspace's task as parent gets
+    exactly the answer an unknown parent gets, so task ids of another workspace
+    are not revealed, and nothing is written in either workspace."""
+    foreign = f"{ROOT}/{run.task_id}/subtasks"
+    unknown = f"{ROOT}/{uuid.uuid4()}/subtasks"
+    for body in ({"title": "t"}, {"title": "t", "external_id": "FP-1"}, {"title": ""}):
+        before = services.app.max_notification_id()
+        named = client.post(foreign, json=body, headers=other_run.headers())
+        assert named.status_code == 422, named.json
+        assert services.app.max_notification_id() == before
+        guessed = client.post(unknown, json=body, headers=other_run.headers())
+        assert (named.status_code, named.json) == (guessed.status_code, guessed.json)
+    parentless = client.post(foreign, json={"title": "t"}, headers=other_run.headers())
+    assert parentless.json["error"] == "unknown_reference"
+    assert "parent" in str(parentless.json)
+    # The run's own held identity is still found under that parent, as under any.
+    made = client.post(ROOT, json={"title": "t", "external_id": "FP-2"},
+                       headers=other_run.headers())
+    retry = client.post(foreign, json={"title": "t", "external_id": "FP-2"},
+                        headers=other_run.headers())
+    assert retry.json["outcome"] == "found_settled" and retry.json["id"] == made.json["id"]

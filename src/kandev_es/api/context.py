@@ -11,7 +11,7 @@ from flask import current_app, request
 from kandev_es.bootstrap import Services
 from kandev_es.errors import BadRequest, MalformedJson
 from kandev_es.limits import check_json_depth
-from kandev_es.services.auth import Principal
+from kandev_es.services.auth import Principal, bearer_of
 
 EXTENSION_KEY = "kandev_es"
 
@@ -20,25 +20,31 @@ def services() -> Services:
     return cast(Services, current_app.extensions[EXTENSION_KEY])
 
 
-def principal() -> Principal | None:
-    header = request.headers.get("Authorization", "")
-    scheme, _, secret = header.partition(" ")
-    if scheme.lower() != "bearer":
-        return None
-    return services().tokens.authenticate(secret.strip())
-
-
 RUN_ID_HEADER = "X-Kandev-Run-Id"
+
+
+def bearer_secret() -> str | None:
+    """This request's bearer secret; any other scheme, or none, is None."""
+    return bearer_of(request.headers.get("Authorization", ""))
+
+
+def run_id_header() -> str | None:
+    """The ``X-Kandev-Run-Id`` a run credential is presented with, as sent."""
+    return request.headers.get(RUN_ID_HEADER)
+
+
+def principal() -> Principal | None:
+    secret = bearer_secret()
+    return services().tokens.authenticate(secret) if secret is not None else None
 
 
 def run_principal() -> Principal | None:
     """The run credential of an agent: its bearer token plus ``X-Kandev-Run-Id``
     equal to the run the token is bound to. Anything else is no principal."""
-    header = request.headers.get("Authorization", "")
-    scheme, _, secret = header.partition(" ")
-    if scheme.lower() != "bearer":
+    secret = bearer_secret()
+    if secret is None:
         return None
-    return services().tokens.authenticate_run(secret.strip(), request.headers.get(RUN_ID_HEADER))
+    return services().tokens.authenticate_run(secret, run_id_header())
 
 
 def own_task_principal(task_id: uuid.UUID) -> Principal | None:

@@ -8,7 +8,6 @@ inherits its parent's external_id: the route copies nothing from the parent."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -17,8 +16,9 @@ from flask_smorest import Blueprint
 
 from kandev_es.api import schemas
 from kandev_es.api.context import RUN_ID_HEADER, json_object, run_principal, services
+from kandev_es.creation.placement import parent_workspace
 from kandev_es.creation.request import CreateTaskRequestSchema
-from kandev_es.domain.task import Task
+from kandev_es.services.auth import Principal
 
 blp = Blueprint(
     "office", __name__, url_prefix="/api/v1/office/runtime", description="Office runtime"
@@ -56,10 +56,11 @@ def document_run_create(target: Blueprint, summary: str) -> Callable[[Any], Any]
     return decorate
 
 
-def create_as_run(body: dict[str, Any]) -> dict[str, Any]:
+def create_as_run(body: dict[str, Any], caller: Principal | None = None) -> dict[str, Any]:
     """The create protocol as the calling run; no run credential means the
     protocol's own refusal (404 task not created), before any validation."""
-    return services().creation.create(run_principal(), body).to_response()
+    found = caller if caller is not None else run_principal()
+    return services().creation.create(found, body).to_response()
 
 
 @blp.route("/tasks")
@@ -74,21 +75,10 @@ class RuntimeSubtaskCreate(MethodView):
     @document_run_create(blp, "Create a subtask of task_id as an agent run (parent's workspace)")
     def post(self, task_id: str) -> dict[str, Any]:
         body = json_object()
-        body["parent_id"] = task_id  # invalid or unknown: reported after the lookup
+        body["parent_id"] = task_id  # invalid, unknown or foreign: reported after the lookup
         body.pop("workspace_id", None)
-        workspace = _parent_workspace(task_id)
+        caller = run_principal()
+        workspace = parent_workspace(services().app, caller, task_id)
         if workspace is not None:
             body["workspace_id"] = str(workspace)
-        return create_as_run(body)
-
-
-def _parent_workspace(task_id: str) -> uuid.UUID | None:
-    """The parent's workspace, even if the parent was deleted since (a task's
-    workspace never changes, so a retry still reaches its identity). Unknown:
-    None, and the protocol falls back to the run's own workspace."""
-    try:
-        key = uuid.UUID(task_id)
-    except ValueError:
-        return None
-    parent = services().app.load(key, Task)
-    return parent.workspace_id if parent is not None else None
+        return create_as_run(body, caller)

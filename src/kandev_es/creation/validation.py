@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from kandev_es.application import Tasks
+from kandev_es.creation.placement import check_parent
 from kandev_es.creation.steps.attachments import AttachmentClaimed
 from kandev_es.domain.attachment import Attachment, attachment_id_for
-from kandev_es.domain.task import Task
 from kandev_es.domain.workspace import Workspace
 from kandev_es.errors import UnknownReference, ValidationFailed
 from kandev_es.limits import check_repository_path
@@ -60,6 +60,4 @@ def validate_against_workspace(
         raise UnknownReference(f"unknown agent profile {profile!r}", field="agent_profile")
     parent_id = fields.get("parent_id")
     if parent_id is not None:
-        parent = app.load(parent_id, Task)
-        if parent is None or parent.deleted or parent.workspace_id != workspace.id:
-            raise UnknownReference("unknown parent task", field="parent_id")
+        check_parent(app, workspace, parent_id)

@@ -10,7 +10,7 @@ from typing import Any
 from marshmallow import RAISE, Schema, ValidationError, fields, validate
 
 from kandev_es.bootstrap import Services
-from kandev_es.domain.task import Task
+from kandev_es.creation import placement
 from kandev_es.errors import BadRequest, TaskNotFound, ValidationFailed
 from kandev_es.limits import MAX_CURSOR
 from kandev_es.mcp import tools
@@ -29,29 +29,12 @@ def resolve_workspace(
     principal may not act on."""
     if principal is None:
         return None
-    parent_workspace = _parent_workspace(services, principal, parent_id)
+    parent_workspace = placement.parent_workspace(services.app, principal, parent_id)
     if parent_workspace is not None:
         return parent_workspace
     if principal.workspace_id is not None:
         return principal.workspace_id
     return services.workspaces.only_live(principal)
-
-
-def _parent_workspace(
-    services: Services, principal: Principal, parent_id: object
-) -> uuid.UUID | None:
-    """The parent's stream, even if the parent was deleted since: a task's
-    workspace never changes, so a retry still reaches the identity it created."""
-    if parent_id is None:
-        return None
-    try:
-        key = uuid.UUID(str(parent_id))
-    except ValueError:
-        return None  # the protocol reports it, after the lookup
-    parent = services.app.load(key, Task)
-    if parent is None or not principal.may_act_on(parent.workspace_id):
-        return None
-    return parent.workspace_id
 
 
 def create_task(

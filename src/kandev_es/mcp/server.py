@@ -31,6 +31,7 @@ from kandev_es.bootstrap import Services
 from kandev_es.errors import KandevError
 from kandev_es.mcp import errors, tools
 from kandev_es.mcp.handlers import HANDLERS
+from kandev_es.services.auth import bearer_of
 
 log = logging.getLogger("kandev_es.mcp")
 
@@ -90,10 +91,7 @@ def bearer_header(ctx: ServerRequestContext[Any, Any]) -> str | None:
     headers = getattr(request, "headers", None)
     if headers is None:
         return None
-    scheme, _, secret = str(headers.get("authorization", "")).partition(" ")
-    if scheme.lower() != "bearer":
-        return None
-    return secret.strip() or None
+    return bearer_of(str(headers.get("authorization", "")))
 
 
 def serve_stdio(services: Services, token: str | None) -> None:

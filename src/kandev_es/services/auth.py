@@ -18,6 +18,13 @@ from kandev_es.errors import Conflict, OperatorRequired, TokenNotFound, Workspac
 TOKEN_PREFIX = "kes_"
 
 
+def bearer_of(authorization: str) -> str | None:
+    """The secret of an ``Authorization: Bearer <secret>`` value, for every
+    transport (REST, Office, MCP over HTTP); another scheme or none is None."""
+    scheme, _, secret = authorization.partition(" ")
+    return (secret.strip() or None) if scheme.lower() == "bearer" else None
+
+
 @dataclass(frozen=True)
 class Principal:
     token_id: uuid.UUID
