@@ -19,6 +19,8 @@ from tests.integration.helpers import create
 # workspace/token creation (checked separately below).
 UNSCOPED = {"/static/<path:filename>", "/api/openapi.json", "/healthz", "/readyz", "/metrics"}
 ADMIN_ONLY = {"/api/v1/workspaces", "/api/v1/tokens"}
+# Admin-only routes on one token (revoking it), checked below with the victim's token.
+ADMIN_ONLY_TOKEN = "/api/v1/tokens/<token_id>"
 PARAM = re.compile(r"<(?:[a-z]+:)?([a-z_]+)>")
 
 
@@ -40,7 +42,7 @@ def intruder(services) -> dict[str, str]:
 def scoped_routes(app: Any) -> list[tuple[str, str]]:
     routes = []
     for rule in app.url_map.iter_rules():
-        if rule.rule in UNSCOPED or rule.rule in ADMIN_ONLY:
+        if rule.rule in UNSCOPED or rule.rule in ADMIN_ONLY or rule.rule == ADMIN_ONLY_TOKEN:
             continue
         for method in sorted(rule.methods - {"HEAD", "OPTIONS"}):
             routes.append((method, rule.rule))
@@ -103,11 +105,18 @@ def _admin_secret(services: Any) -> str:
     return secret
 
 
-def test_admin_only_routes_refuse_a_workspace_token(client, victim, intruder):
+def test_admin_only_routes_refuse_a_workspace_token(client, victim, intruder, member):
     for rule in sorted(ADMIN_ONLY):
         reply = client.post(rule, json={"name": "evil", "admin": True}, headers=intruder)
         assert reply.status_code in (403, 404), (rule, reply.status_code, reply.json)
         assert not leaks(reply.get_data(as_text=True), victim)
+    principal, secret = member
+    revoke = ADMIN_ONLY_TOKEN.replace("<token_id>", str(principal.token_id))
+    reply = client.delete(revoke, headers=intruder)
+    assert reply.status_code == 404, reply.json
+    assert not leaks(reply.get_data(as_text=True), victim)
+    still = client.get(f"/api/v1/tasks/{victim['id']}", headers=bearer(secret))
+    assert still.status_code == 200, "the victim's token still works"
 
 
 def test_body_over_the_size_limit_gets_a_typed_413(settings, member, workspace):
