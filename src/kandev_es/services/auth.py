@@ -5,7 +5,7 @@ from __future__ import annotations
 import hmac
 import secrets
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -45,6 +45,38 @@ class Principal:
 
     def is_operator_of(self, workspace_id: uuid.UUID) -> bool:
         return self.admin or (self.role == OPERATOR and self.workspace_id == workspace_id)
+
+
+@dataclass(frozen=True)
+class Unconfirmed:
+    """A bearer token's principal as this process last read the token, not yet
+    checked against the store. Whoever takes one reads ``token_id`` in its own
+    first query and acts only on what ``confirm`` makes of that fresh read: so
+    a create pays one round trip, not two, and a revocation by any process is
+    still refused on the very next request."""
+
+    principal: Principal
+    token_hash: str = field(repr=False)
+
+    @property
+    def token_id(self) -> uuid.UUID:
+        return self.principal.token_id
+
+    def confirm(self, token: object) -> Principal | None:
+        """The principal as ``token`` (just read from the store) now says."""
+        return _principal_of(token, self.token_hash)
+
+
+def _principal_of(token: object, token_hash: str) -> Principal | None:
+    # A run credential is no principal off the run routes (authenticate_run).
+    if not isinstance(token, ApiToken) or token.revoked or token.run_id is not None:
+        return None
+    # The id already derives from the hash; compare anyway, in constant time.
+    if not hmac.compare_digest(token.token_hash, token_hash):
+        return None
+    return Principal(
+        token.id, token.admin, token.workspace_id, token.run_id, token.task_id, token.role
+    )
 
 
 MEMBER, OPERATOR = "member", "operator"
@@ -133,16 +165,18 @@ class TokenService:
         # A shared snapshot caught up by one query for the events after it (no
         # decoding, no copy when nothing changed): still a read of the store on
         # every request, so a revocation by any process refuses the next one.
-        token = self._app.read(token_id_for(token_hash), ApiToken)
-        # A run credential is no principal off the run routes (authenticate_run).
-        if token is None or token.revoked or token.run_id is not None:
+        return _principal_of(self._app.read(token_id_for(token_hash), ApiToken), token_hash)
+
+    def authenticate_unconfirmed(self, secret: str | None) -> Principal | Unconfirmed | None:
+        """Without a query when this process has read the token before (an
+        ``Unconfirmed`` its caller must confirm); otherwise ``authenticate``."""
+        if not secret or not secret.startswith(TOKEN_PREFIX) or len(secret) > 200:
             return None
-        # The id already derives from the hash; compare anyway, in constant time.
-        if not hmac.compare_digest(token.token_hash, token_hash):
-            return None
-        return Principal(
-            token.id, token.admin, token.workspace_id, token.run_id, token.task_id, token.role
-        )
+        token_hash = hash_token(secret)
+        known = _principal_of(self._app.snapshot(token_id_for(token_hash), ApiToken), token_hash)
+        if known is None:  # never read here, or refused then: ask the store now
+            return self.authenticate(secret)
+        return Unconfirmed(known, token_hash)
 
     def authenticate_run(self, secret: str | None, run_id: str | None) -> Principal | None:
         """A run credential plus the run id it is bound to (``X-Kandev-Run-Id``).
