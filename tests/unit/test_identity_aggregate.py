@@ -607,7 +607,7 @@ def test_valid_workspace_name_opens(name: str) -> None:
     workspace = Workspace.open(name, task_prefix="OPS1")
     assert workspace.name == name
     assert workspace.task_prefix == "OPS1"
-    assert workspace.first_step("default") == "backlog"
+    assert workspace.workflows["default"][0] == "backlog"
 
 
 def test_default_task_prefix_is_kan() -> None:

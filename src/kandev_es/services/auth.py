@@ -130,7 +130,10 @@ class TokenService:
         if not secret or not secret.startswith(TOKEN_PREFIX) or len(secret) > 200:
             return None
         token_hash = hash_token(secret)
-        token = self._app.load(token_id_for(token_hash), ApiToken)
+        # A shared snapshot caught up by one query for the events after it (no
+        # decoding, no copy when nothing changed): still a read of the store on
+        # every request, so a revocation by any process refuses the next one.
+        token = self._app.read(token_id_for(token_hash), ApiToken)
         # A run credential is no principal off the run routes (authenticate_run).
         if token is None or token.revoked or token.run_id is not None:
             return None
@@ -149,7 +152,7 @@ class TokenService:
             return None
         if not run_id or len(run_id) > 200:
             return None
-        token = self._app.load(run_token_id_for(run_id), ApiToken)
+        token = self._app.read(run_token_id_for(run_id), ApiToken)
         if token is None or token.revoked or token.run_id != run_id:
             return None
         if not hmac.compare_digest(token.token_hash, hash_token(secret)):
@@ -181,7 +184,7 @@ class TokenService:
 
     def revoke(self, token_id: uuid.UUID, reason: str = "revoked") -> dict[str, Any]:
         """Revoke any token by id; revoking a revoked token changes nothing.
-        It is refused from its next request: authenticate loads it afresh."""
+        It is refused from its next request: authenticate reads it afresh."""
         for _ in range(8):
             token = self._app.load(token_id, ApiToken)
             if token is None:
