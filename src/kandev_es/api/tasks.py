@@ -18,8 +18,8 @@ from kandev_es.api.context import (
 )
 from kandev_es.creation.request import CreateTaskRequestSchema
 from kandev_es.domain.external_id import normalize_external_id, require_external_id
+from kandev_es.domain.principal import require_operator
 from kandev_es.errors import TaskNotFound
-from kandev_es.services.auth import require_operator
 from kandev_es.views import task_dto
 
 blp = Blueprint("tasks", __name__, url_prefix="/api/v1", description="Tasks")
