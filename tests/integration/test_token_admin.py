@@ -11,7 +11,7 @@ import uuid
 import pytest
 
 from kandev_es.bootstrap import bootstrap
-from kandev_es.services.auth import Unconfirmed
+from kandev_es.domain.principal import Unconfirmed
 from tests.conftest import bearer
 from tests.support.served import ServedProcess, http, run_cli
 

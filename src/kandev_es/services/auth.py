@@ -5,15 +5,15 @@ from __future__ import annotations
 import hmac
 import secrets
 import uuid
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from eventsourcing.utils import get_topic
 
 from kandev_es.application import Tasks, VersionConflict
+from kandev_es.domain.principal import OPERATOR, ROLES, Principal, Unconfirmed, principal_of
 from kandev_es.domain.token import ApiToken, hash_token, run_token_id_for, token_id_for
-from kandev_es.errors import Conflict, OperatorRequired, TokenNotFound, WorkspaceNotFound
+from kandev_es.errors import Conflict, TokenNotFound
 
 TOKEN_PREFIX = "kes_"
 
@@ -23,80 +23,6 @@ def bearer_of(authorization: str) -> str | None:
     transport (REST, Office, MCP over HTTP); another scheme or none is None."""
     scheme, _, secret = authorization.partition(" ")
     return (secret.strip() or None) if scheme.lower() == "bearer" else None
-
-
-@dataclass(frozen=True)
-class Principal:
-    token_id: uuid.UUID
-    admin: bool
-    workspace_id: uuid.UUID | None
-    # Set only for a run credential (issued at agent launch): the run it is bound
-    # to and the task that run belongs to. Workspace and admin tokens: None.
-    run_id: str | None = None
-    task_id: uuid.UUID | None = None
-    role: str = "member"
-
-    @property
-    def actor(self) -> str:
-        return f"token:{self.token_id}"
-
-    def may_act_on(self, workspace_id: uuid.UUID) -> bool:
-        return self.admin or self.workspace_id == workspace_id
-
-    def is_operator_of(self, workspace_id: uuid.UUID) -> bool:
-        return self.admin or (self.role == OPERATOR and self.workspace_id == workspace_id)
-
-
-@dataclass(frozen=True)
-class Unconfirmed:
-    """A bearer token's principal as this process last read the token, not yet
-    checked against the store. Whoever takes one reads ``token_id`` in its own
-    first query and acts only on what ``confirm`` makes of that fresh read: so
-    a create pays one round trip, not two, and a revocation by any process is
-    still refused on the very next request."""
-
-    principal: Principal
-    token_hash: str = field(repr=False)
-
-    @property
-    def token_id(self) -> uuid.UUID:
-        return self.principal.token_id
-
-    def confirm(self, token: object) -> Principal | None:
-        """The principal as ``token`` (just read from the store) now says."""
-        return _principal_of(token, self.token_hash)
-
-
-def _principal_of(token: object, token_hash: str) -> Principal | None:
-    # A run credential is no principal off the run routes (authenticate_run).
-    if not isinstance(token, ApiToken) or token.revoked or token.run_id is not None:
-        return None
-    # The id already derives from the hash; compare anyway, in constant time.
-    if not hmac.compare_digest(token.token_hash, token_hash):
-        return None
-    return Principal(
-        token.id, token.admin, token.workspace_id, token.run_id, token.task_id, token.role
-    )
-
-
-MEMBER, OPERATOR = "member", "operator"
-ROLES = (MEMBER, OPERATOR)
-
-
-def require_member(principal: Principal | None, workspace_id: uuid.UUID) -> Principal:
-    """The principal if it may act on the workspace; else the route's usual 404."""
-    if principal is None or not principal.may_act_on(workspace_id):
-        raise WorkspaceNotFound("workspace not found")
-    return principal
-
-
-def require_operator(principal: Principal | None, workspace_id: uuid.UUID) -> Principal:
-    """A member of the workspace that is not its operator gets 403
-    operator_required; anyone else learns nothing (404)."""
-    found = require_member(principal, workspace_id)
-    if not found.is_operator_of(workspace_id):
-        raise OperatorRequired("this needs an operator token of the workspace")
-    return found
 
 
 DEFAULT_RUN_TOKEN_TTL = 24 * 3600.0
@@ -165,7 +91,7 @@ class TokenService:
         # A shared snapshot caught up by one query for the events after it (no
         # decoding, no copy when nothing changed): still a read of the store on
         # every request, so a revocation by any process refuses the next one.
-        return _principal_of(self._app.read(token_id_for(token_hash), ApiToken), token_hash)
+        return principal_of(self._app.read(token_id_for(token_hash), ApiToken), token_hash)
 
     def authenticate_unconfirmed(self, secret: str | None) -> Principal | Unconfirmed | None:
         """Without a query when this process has read the token before (an
@@ -173,7 +99,7 @@ class TokenService:
         if not secret or not secret.startswith(TOKEN_PREFIX) or len(secret) > 200:
             return None
         token_hash = hash_token(secret)
-        known = _principal_of(self._app.snapshot(token_id_for(token_hash), ApiToken), token_hash)
+        known = principal_of(self._app.snapshot(token_id_for(token_hash), ApiToken), token_hash)
         if known is None:  # never read here, or refused then: ask the store now
             return self.authenticate(secret)
         return Unconfirmed(known, token_hash)
