@@ -29,11 +29,11 @@ from kandev_es.domain import creation
 from kandev_es.domain.external_id import identity_id, normalize_external_id
 from kandev_es.domain.identity import ABORTED, OUTCOME_CREATED_IDENTITY_LOST, Identity
 from kandev_es.domain.plan import CreationPlan
+from kandev_es.domain.principal import Principal
 from kandev_es.domain.task import Task
 from kandev_es.domain.wip import WipLedger, wip_ledger_id
 from kandev_es.domain.workspace import Workspace
 from kandev_es.errors import Conflict, InvalidExternalId, TaskNotCreated, Unavailable
-from kandev_es.services.auth import Principal
 from kandev_es.storage.attestation import AttestationGuard
 from kandev_es.views import task_dto
 
