@@ -169,7 +169,7 @@ def test_a_tenure_released_while_preparing_completes_without_its_external_id() -
     plan = make_plan()
     identity = Identity.register(uuid.uuid4(), WORKSPACE, plan.external_id)
     number, task = claim(identity, plan)
-    identity.release(number, "op-1", "operator")
+    identity.release(number, "op-1", "operator", actor="token:op")
     identity.begin_completing(number)
     assert creation.complete(identity, task, number) == OUTCOME_CREATED_IDENTITY_LOST
     assert (task.phase, task.external_id) == (TASK_ACTIVE, None)
