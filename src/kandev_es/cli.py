@@ -197,7 +197,8 @@ def release(workspace_id: str, external_id: str, operation_id: str) -> None:
             target = uuid.UUID(workspace_id)
         except ValueError:
             raise click.BadParameter("not a UUID", param_hint="--workspace") from None
-        result = services.release.release(target, external_id, operation_id)
+        # The local CLI reaches the store directly: no token, so the actor is "cli".
+        result = services.release.release(target, external_id, operation_id, actor="cli")
         _emit({"status": result.status, "replayed": result.replayed, **result.body})
         if result.status != 200:
             sys.exit(1)

@@ -103,7 +103,10 @@ class TaskLookup(MethodView):
             raise TaskNotFound("task not found")
         require_operator(who, workspace)
         result = services().release.release(
-            workspace, request.args.get("external_id"), request.headers.get("Idempotency-Key")
+            workspace,
+            request.args.get("external_id"),
+            request.headers.get("Idempotency-Key"),
+            actor=who.actor,
         )
         headers = {"Idempotent-Replayed": "true" if result.replayed else "false"}
         if result.status != 200:

@@ -68,8 +68,8 @@ class WorkspaceItem(MethodView):
         target = path_uuid(workspace_id, "workspace id")
         if services().workspaces.get(target) is None:
             raise WorkspaceNotFound("workspace not found")
-        require_operator(principal(), target)
-        return services().workspace_deletion.delete(target)
+        who = require_operator(principal(), target)
+        return services().workspace_deletion.delete(target, actor=who.actor)
 
 
 @blp.route("/tokens")

@@ -138,7 +138,9 @@ class TaskService:
             identity = self._app.load(task.identity_id, Identity)
             holder = identity.holder if identity else None
             if identity is not None and holder is not None and holder.task_id == task.id:
-                identity.release(holder.number, f"task-delete:{task.id}", "task_deleted")
+                identity.release(
+                    holder.number, f"task-delete:{task.id}", "task_deleted", actor=principal.actor
+                )
             task.delete()
             others = [identity] if identity is not None else []
             try:
