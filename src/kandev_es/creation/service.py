@@ -62,11 +62,12 @@ class CreationService:
         app: Tasks,
         attestation: AttestationGuard,
         settings: Settings,
+        driver: CreationDriver,
     ) -> None:
         self._app = app
         self._attestation = attestation
         self._lease = timedelta(seconds=settings.lease_seconds)
-        self._driver = CreationDriver(app, settings)
+        self._driver = driver
         self._settings = settings
         self._owner_prefix = f"{socket.gethostname()}:{os.getpid()}"
         self.outcome_counts: Counter[str] = Counter()
