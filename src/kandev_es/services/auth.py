@@ -12,7 +12,13 @@ from eventsourcing.utils import get_topic
 
 from kandev_es.application import Tasks, VersionConflict
 from kandev_es.domain.principal import OPERATOR, ROLES, Principal, Unconfirmed, principal_of
-from kandev_es.domain.token import ApiToken, hash_token, run_token_id_for, token_id_for
+from kandev_es.domain.token import (
+    ApiToken,
+    RunCredentialRevoked,
+    hash_token,
+    run_token_id_for,
+    token_id_for,
+)
 from kandev_es.errors import Conflict, TokenNotFound
 
 TOKEN_PREFIX = "kes_"
@@ -40,10 +46,6 @@ def token_dto(token: ApiToken) -> dict[str, Any]:
         "created_on": token.created_on,
         "revoked": token.revoked,
     }
-
-
-class RunCredentialRevoked(Exception):
-    """The run's credential was revoked (the run ended); it is never reissued."""
 
 
 class TokenService:
@@ -83,6 +85,18 @@ class TokenService:
             token.scope(role)
         self._app.save_atomically(token)
         return secret, Principal(token.id, admin, workspace_id, run_id, task_id, token.role)
+
+    def issue_run(self, workspace_id: uuid.UUID, run_id: str, task_id: uuid.UUID) -> str:
+        """The secret of a run credential for an agent launch (the creation
+        steps' RunCredentials); RunCredentialRevoked once the run has ended."""
+        secret, _ = self.issue(
+            workspace_id=workspace_id,
+            admin=False,
+            label=f"run:{run_id}",
+            run_id=run_id,
+            task_id=task_id,
+        )
+        return secret
 
     def authenticate(self, secret: str | None) -> Principal | None:
         if not secret or not secret.startswith(TOKEN_PREFIX) or len(secret) > 200:
