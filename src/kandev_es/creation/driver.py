@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from kandev_es import metrics
 from kandev_es.application import Tasks, VersionConflict
 from kandev_es.config import Settings
 from kandev_es.creation import failpoints
@@ -120,6 +121,7 @@ class CreationDriver:
             lease_expires_at=datetime.now(UTC) + self._lease,
         )
         self._app.save_atomically(identity)
+        metrics.record_step(step, status)
 
     def _prepare(
         self, identity: Identity, task: Task, tenure: Tenure, ctx: StepContext
@@ -194,6 +196,7 @@ class CreationDriver:
         )
         identity.begin_aborting(number, error.code)
         self._app.save_atomically(identity)
+        metrics.record_step(step, FAILED)
 
     @staticmethod
     def settle_without_effects(identity: Identity, task: Task, number: int) -> str:
