@@ -126,10 +126,6 @@ class WorkspaceExists(Conflict):
     code = "workspace_exists"
 
 
-class TaskDeleted(Conflict):
-    code = "task_deleted"
-
-
 class RevisionMismatch(KandevError):
     status = 412
     code = "revision_mismatch"

@@ -29,7 +29,7 @@ def release(services, task_id, operation_id="op-1"):
     """The release path at the domain level: identity released, task cleared, one save."""
     task = services.app.load(uuid.UUID(str(task_id)), Task)
     identity = services.app.load(task.identity_id, Identity)
-    identity.release(identity.holder.number, operation_id, "operator")
+    identity.release(identity.holder.number, operation_id, "operator", actor="token:test")
     task.clear_external_id(operation_id, "operator")
     services.app.save_atomically(identity, task)
 

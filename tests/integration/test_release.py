@@ -131,7 +131,7 @@ def test_16_concurrent_replays_release_once(client, services, workspace, member)
 
     def replay() -> None:
         barrier.wait(timeout=30)
-        answers.append(services.release.release(workspace.id, "REL-6", "op-6"))
+        answers.append(services.release.release(workspace.id, "REL-6", "op-6", actor="cli"))
 
     threads = [threading.Thread(target=replay) for _ in range(16)]
     for thread in threads:

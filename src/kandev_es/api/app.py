@@ -124,9 +124,7 @@ def _start_runtime(services: Services) -> None:
     """Recover creations whose owner died; the event store fences competing runtimes."""
     import threading
 
-    from kandev_es.runtime.recovery import Runtime
-
-    runtime = Runtime(services)
+    runtime = services.runtime()
     threading.Thread(
         target=runtime.run_forever,
         args=(max(1.0, services.settings.lease_seconds / 4),),

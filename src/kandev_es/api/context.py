@@ -9,9 +9,10 @@ from typing import Any, cast
 from flask import current_app, request
 
 from kandev_es.bootstrap import Services
+from kandev_es.domain.principal import Principal
 from kandev_es.errors import BadRequest, MalformedJson
 from kandev_es.limits import check_json_depth
-from kandev_es.services.auth import Principal, bearer_of
+from kandev_es.services.auth import bearer_of
 
 EXTENSION_KEY = "kandev_es"
 

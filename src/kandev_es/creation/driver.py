@@ -20,6 +20,7 @@ from kandev_es.creation.steps.base import (
     STARTED,
     SUCCEEDED,
     UNKNOWN,
+    RunCredentials,
     Step,
     StepContext,
     StepFailed,
@@ -72,9 +73,10 @@ class DriveOutcome:
 
 
 class CreationDriver:
-    def __init__(self, app: Tasks, settings: Settings) -> None:
+    def __init__(self, app: Tasks, settings: Settings, credentials: RunCredentials) -> None:
         self._app = app
         self._settings = settings
+        self._credentials = credentials
         self._lease = timedelta(seconds=settings.lease_seconds)
 
     def drive(self, identity_id: uuid.UUID, number: int, epoch: int) -> DriveOutcome:
@@ -86,7 +88,15 @@ class CreationDriver:
                 raise Fenced(f"tenure {number} is now at epoch {tenure.epoch}")
             if tenure.phase in (COMPLETED, ABORTED):
                 return DriveOutcome(identity, task, tenure, error)
-            ctx = StepContext(self._app, self._settings, identity_id, number, task.id, tenure.plan)
+            ctx = StepContext(
+                self._app,
+                self._settings,
+                identity_id,
+                number,
+                task.id,
+                tenure.plan,
+                self._credentials,
+            )
             try:
                 if tenure.phase == COMPLETING:
                     self._complete(identity, task, number)

@@ -27,11 +27,11 @@ from kandev_es.creation.steps.wip import CapacityExceeded
 from kandev_es.creation.validation import validate_against_workspace
 from kandev_es.domain.external_id import identity_id, normalize_external_id
 from kandev_es.domain.identity import ABORTED, OUTCOME_CREATED_IDENTITY_LOST, Identity
+from kandev_es.domain.principal import Principal
 from kandev_es.domain.task import Task
 from kandev_es.domain.wip import WipLedger, wip_ledger_id
 from kandev_es.domain.workspace import Workspace
 from kandev_es.errors import Conflict, InvalidExternalId, TaskNotCreated, Unavailable
-from kandev_es.services.auth import Principal
 from kandev_es.storage.attestation import AttestationGuard
 from kandev_es.views import task_dto
 
@@ -48,11 +48,12 @@ class CreationService:
         app: Tasks,
         attestation: AttestationGuard,
         settings: Settings,
+        driver: CreationDriver,
     ) -> None:
         self._app = app
         self._attestation = attestation
         self._lease = timedelta(seconds=settings.lease_seconds)
-        self._driver = CreationDriver(app, settings)
+        self._driver = driver
         self._settings = settings
         self._owner_prefix = f"{socket.gethostname()}:{os.getpid()}"
         # The DTO of each recently answered task snapshot: snapshots are never

@@ -12,6 +12,7 @@ from marshmallow import RAISE, Schema, ValidationError, fields, validate
 from kandev_es.application import Tasks, VersionConflict
 from kandev_es.domain.agent_session import session_id_for
 from kandev_es.domain.identity import Identity
+from kandev_es.domain.principal import Principal
 from kandev_es.domain.task import TASK_ABORTED, TASK_PREPARING, Task
 from kandev_es.domain.wip import WipLedger, wip_ledger_id
 from kandev_es.domain.workspace import Workspace
@@ -23,7 +24,7 @@ from kandev_es.errors import (
     TaskNotFound,
     ValidationFailed,
 )
-from kandev_es.services.auth import Principal, TokenService
+from kandev_es.services.auth import TokenService
 from kandev_es.storage.database import Database
 from kandev_es.views import task_dto
 
@@ -137,7 +138,9 @@ class TaskService:
             identity = self._app.load(task.identity_id, Identity)
             holder = identity.holder if identity else None
             if identity is not None and holder is not None and holder.task_id == task.id:
-                identity.release(holder.number, f"task-delete:{task.id}", "task_deleted")
+                identity.release(
+                    holder.number, f"task-delete:{task.id}", "task_deleted", actor=principal.actor
+                )
             task.delete()
             others = [identity] if identity is not None else []
             try:

@@ -6,9 +6,9 @@ import uuid
 
 from kandev_es.application import Tasks, VersionConflict
 from kandev_es.domain.errors import DomainRuleBroken
+from kandev_es.domain.principal import Principal
 from kandev_es.domain.workspace import Workspace, workspace_id_for
 from kandev_es.errors import BadRequest, Conflict, WorkspaceExists, WorkspaceNotFound
-from kandev_es.services.auth import Principal
 from kandev_es.storage.counters import ensure_counter
 from kandev_es.storage.database import Database
 

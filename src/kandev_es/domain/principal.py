@@ -1,0 +1,52 @@
+"""Who acts: the principal a bearer token authenticates as, and what it may act
+on. A value shared by every layer above the domain (creation, services, the
+adapters), so it lives here rather than with the token service."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+from kandev_es.errors import OperatorRequired, WorkspaceNotFound
+
+MEMBER, OPERATOR = "member", "operator"
+ROLES = (MEMBER, OPERATOR)
+
+
+@dataclass(frozen=True)
+class Principal:
+    token_id: uuid.UUID
+    admin: bool
+    workspace_id: uuid.UUID | None
+    # Set only for a run credential (issued at agent launch): the run it is bound
+    # to and the task that run belongs to. Workspace and admin tokens: None.
+    run_id: str | None = None
+    task_id: uuid.UUID | None = None
+    role: str = MEMBER
+
+    @property
+    def actor(self) -> str:
+        return f"token:{self.token_id}"
+
+    def may_act_on(self, workspace_id: uuid.UUID) -> bool:
+        return self.admin or self.workspace_id == workspace_id
+
+    def is_operator_of(self, workspace_id: uuid.UUID) -> bool:
+        return self.admin or (self.role == OPERATOR and self.workspace_id == workspace_id)
+
+
+
+def require_member(principal: Principal | None, workspace_id: uuid.UUID) -> Principal:
+    """The principal if it may act on the workspace; else the route's usual 404."""
+    if principal is None or not principal.may_act_on(workspace_id):
+        raise WorkspaceNotFound("workspace not found")
+    return principal
+
+
+def require_operator(principal: Principal | None, workspace_id: uuid.UUID) -> Principal:
+    """A member of the workspace that is not its operator gets 403
+    operator_required; anyone else learns nothing (404)."""
+    found = require_member(principal, workspace_id)
+    if not found.is_operator_of(workspace_id):
+        raise OperatorRequired("this needs an operator token of the workspace")
+    return found
