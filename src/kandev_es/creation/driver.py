@@ -25,12 +25,12 @@ from kandev_es.creation.steps.base import (
     StepFailed,
 )
 from kandev_es.creation.steps.registry import steps_for
+from kandev_es.domain import creation
 from kandev_es.domain.identity import (
     ABORTED,
     ABORTING,
     COMPLETED,
     COMPLETING,
-    OUTCOME_CREATED_IDENTITY_LOST,
     Identity,
     Tenure,
 )
@@ -141,7 +141,7 @@ class CreationDriver:
             identity.begin_aborting(number, "workspace_deleted")
             self._app.save_atomically(identity)
             return WorkspaceDeleted("the workspace was deleted during creation")
-        steps = steps_for(tenure.plan)
+        steps = steps_for(tenure.plan)  # the steps it was claimed with
         for step in steps:
             status = tenure.steps.get(step.name, {}).get("status")
             if status == SUCCEEDED:
@@ -205,23 +205,8 @@ class CreationDriver:
         identity.begin_aborting(number, error.code)
         self._app.save_atomically(identity)
 
-    @staticmethod
-    def settle_without_effects(identity: Identity, task: Task, number: int) -> str:
-        """For a plan with no steps: Completing and Completed applied to the
-        just-claimed, unsaved aggregates, so the caller saves claim and
-        completion in one transaction. Returns the tenure's outcome."""
-        assert not steps_for(identity.tenure(number).plan)
-        identity.begin_completing(number)
-        return CreationDriver._settle(identity, task, number)
-
-    @staticmethod
-    def _settle(identity: Identity, task: Task, number: int) -> str:
-        outcome = identity.complete(number)
-        task.activate(drop_external_id=outcome == OUTCOME_CREATED_IDENTITY_LOST)
-        return outcome
-
     def _complete(self, identity: Identity, task: Task, number: int) -> None:
-        outcome = self._settle(identity, task, number)
+        outcome = creation.complete(identity, task, number)
         self._app.save_atomically(identity, task)
         log.info("completed identity=%s tenure=%s outcome=%s", identity.id, number, outcome)
 
