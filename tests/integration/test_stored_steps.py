@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 
 from kandev_es.bootstrap import Services
-from kandev_es.creation.driver import CreationDriver
 from kandev_es.domain import creation
 from kandev_es.domain.external_id import identity_id
 from kandev_es.domain.identity import COMPLETED, PREPARING, Identity
@@ -55,7 +54,7 @@ def test_a_plan_stored_without_the_repository_step_completes_without_a_branch(
 ):
     repo = make_git_repository(tmp_path / "backend")
     identity = claim_by_hand(services, workspace, steps=[], path=str(repo))
-    done = CreationDriver(services.app, services.settings).drive(identity.id, 1, epoch=0)
+    done = services.driver.drive(identity.id, 1, epoch=0)
     assert done.tenure.phase == COMPLETED
     assert done.tenure.steps == {}
     assert done.task.phase == TASK_ACTIVE
@@ -65,7 +64,7 @@ def test_a_plan_stored_without_the_repository_step_completes_without_a_branch(
 def test_a_plan_stored_with_the_repository_step_makes_the_branch(services, workspace, tmp_path):
     repo = make_git_repository(tmp_path / "backend")
     identity = claim_by_hand(services, workspace, steps=["repository:backend"], path=str(repo))
-    done = CreationDriver(services.app, services.settings).drive(identity.id, 1, epoch=0)
+    done = services.driver.drive(identity.id, 1, epoch=0)
     assert done.tenure.phase == COMPLETED
     assert list(done.tenure.steps) == ["repository:backend"]
     assert branches(repo) == ["kandev/KAN-7", "main"]
@@ -78,7 +77,7 @@ def test_a_stored_step_this_version_cannot_build_changes_nothing(
     repo = make_git_repository(tmp_path / "backend")
     identity = claim_by_hand(services, workspace, steps=[step], path=str(repo))
     with pytest.raises(UnknownStep):
-        CreationDriver(services.app, services.settings).drive(identity.id, 1, epoch=0)
+        services.driver.drive(identity.id, 1, epoch=0)
     after = services.app.load(identity.id, Identity)
     assert after is not None and after.version == identity.version
     assert after.tenure(1).phase == PREPARING

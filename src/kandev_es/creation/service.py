@@ -29,7 +29,7 @@ from kandev_es.domain import creation
 from kandev_es.domain.external_id import identity_id, normalize_external_id
 from kandev_es.domain.identity import ABORTED, OUTCOME_CREATED_IDENTITY_LOST, Identity
 from kandev_es.domain.plan import CreationPlan
-from kandev_es.domain.principal import Principal
+from kandev_es.domain.principal import Principal, Unconfirmed
 from kandev_es.domain.task import Task
 from kandev_es.domain.wip import WipLedger, wip_ledger_id
 from kandev_es.domain.workspace import Workspace
@@ -77,24 +77,43 @@ class CreationService:
         self._dtos: dict[uuid.UUID, tuple[Task, Mapping[str, Any]]] = {}
 
     # ----- the protocol ------------------------------------------------------
-    def create(self, principal: Principal | None, body: Mapping[str, Any]) -> CreateResult:
+    def create(
+        self, principal: Principal | Unconfirmed | None, body: Mapping[str, Any]
+    ) -> CreateResult:
         result = self._create(principal, body)
         self.outcome_counts[result.outcome.value] += 1
         return result
 
-    def _create(self, principal: Principal | None, body: Mapping[str, Any]) -> CreateResult:
+    def _create(
+        self, caller: Principal | Unconfirmed | None, body: Mapping[str, Any]
+    ) -> CreateResult:
+        # An Unconfirmed principal is confirmed by the first read below, in
+        # the same query; a refusal before that read (the workspace is not
+        # the token's) needs no read: a token's workspace never changes.
+        unconfirmed = caller if isinstance(caller, Unconfirmed) else None
+        principal = unconfirmed.principal if unconfirmed is not None else caller
+        assert not isinstance(principal, Unconfirmed)
         workspace_id = self._workspace_id(principal, body.get("workspace_id"))  # step 1
         assert principal is not None
+        token = [unconfirmed.token_id] if unconfirmed is not None else []
         try:
             external_id = normalize_external_id(body.get("external_id"))  # step 2
         except InvalidExternalId:
             # Authorization still answers first: read the workspace, then refuse.
-            self._authorized(self._app.read_many([workspace_id])[workspace_id])
+            reads = self._app.read_many([workspace_id, *token])
+            confirmed = self._confirmed(unconfirmed, reads)
+            if confirmed is not None and confirmed != principal:
+                return self._create(confirmed, body)  # the token changed: start over
+            self._authorized(reads[workspace_id])
             raise
         key = identity_id(workspace_id, external_id) if external_id is not None else None
-        # One query for the workspace, the identity and (a guess from the last
-        # read) its holder's task: a retry's whole Found is one round trip.
-        reads = self._app.read_many(self._lookup_ids(workspace_id, key))
+        # One query for the workspace, the identity, (a guess from the last
+        # read) its holder's task and the caller's token: a retry's whole
+        # Found is one round trip.
+        reads = self._app.read_many([*self._lookup_ids(workspace_id, key), *token])
+        confirmed = self._confirmed(unconfirmed, reads)
+        if confirmed is not None and confirmed != principal:
+            return self._create(confirmed, body)  # the token changed: start over
         workspace = self._authorized(reads[workspace_id])
         identity: Identity | None = None
         if key is not None:
@@ -138,6 +157,19 @@ class CreationService:
         if workspace_id is None or not principal.may_act_on(workspace_id):
             raise TaskNotCreated("not authorized")
         return workspace_id
+
+    @staticmethod
+    def _confirmed(
+        unconfirmed: Unconfirmed | None, reads: Mapping[uuid.UUID, object]
+    ) -> Principal | None:
+        """None when there is nothing to confirm; the principal the token now
+        gives otherwise (refused -- TaskNotCreated, as for no token -- if none)."""
+        if unconfirmed is None:
+            return None
+        confirmed = unconfirmed.confirm(reads[unconfirmed.token_id])
+        if confirmed is None:
+            raise TaskNotCreated("not authorized")
+        return confirmed
 
     @staticmethod
     def _authorized(read: object) -> Workspace:
