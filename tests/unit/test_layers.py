@@ -20,8 +20,7 @@ PACKAGE = "kandev_es"
 LAYERS: tuple[tuple[tuple[str, ...], ...], ...] = (
     (("", "errors"),),
     (("config",), ("limits",)),
-    (("metrics",),),  # prometheus instruments, recorded from every layer above
-    (("domain",),),
+    (("domain",), ("metrics",)),
     (("views",),),
     (("storage",), ("agent",)),
     (("application",),),
