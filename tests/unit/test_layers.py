@@ -20,7 +20,7 @@ PACKAGE = "kandev_es"
 LAYERS: tuple[tuple[tuple[str, ...], ...], ...] = (
     (("", "errors"),),
     (("config",), ("limits",)),
-    (("domain",),),
+    (("domain",), ("metrics",)),
     (("views",),),
     (("storage",), ("agent",)),
     (("application",),),
