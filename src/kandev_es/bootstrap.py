@@ -15,6 +15,7 @@ from kandev_es.projections.identities import IdentitiesProjection
 from kandev_es.projections.runner import ProjectionRunner
 from kandev_es.projections.tasks import TasksProjection
 from kandev_es.services.attachments import AttachmentService
+from kandev_es.services.audit_links import AuditLinkService
 from kandev_es.services.auth import TokenService
 from kandev_es.services.creations import CreationStatusService
 from kandev_es.services.release import ReleaseService
@@ -52,6 +53,7 @@ class Services:
     creation_status: CreationStatusService
     release: ReleaseService
     workspace_deletion: WorkspaceDeletionService
+    audit_links: AuditLinkService
 
     def close(self) -> None:
         self.projections.stop()
@@ -121,4 +123,5 @@ def bootstrap(settings: Settings) -> Services:
         creation_status=CreationStatusService(app),
         release=ReleaseService(app, attestation),
         workspace_deletion=WorkspaceDeletionService(app, database, projections, settings),
+        audit_links=AuditLinkService(app, settings.audit_link_seconds),
     )
