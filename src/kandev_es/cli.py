@@ -213,10 +213,8 @@ def release(workspace_id: str, external_id: str, operation_id: str) -> None:
 @click.option("--poll", default=1.0, show_default=True, help="seconds between scans")
 def runtime(once: bool, poll: float) -> None:
     """Run the fenced recovery Runtime: finish or abort creations whose owner died."""
-    from kandev_es.runtime.recovery import Runtime
-
     services = _open(create_tables=False)
-    actor = Runtime(services)
+    actor = services.runtime()
     try:
         if once:
             recoveries = actor.recover_once()

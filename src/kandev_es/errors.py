@@ -158,6 +158,13 @@ class StoreUnavailable(Unavailable):
     code = "store_unavailable"
 
 
+class UnknownStep(Unavailable):
+    """A stored creation plan names a step this version cannot build (a newer
+    version planned it): the creation is left for a runtime that knows it."""
+
+    code = "unknown_step"
+
+
 class InvalidSetting(KandevError):
     """An environment setting that does not parse (KANDEV_POOL_SIZE=abc); the
     CLI reports it as a usage error (exit 2)."""

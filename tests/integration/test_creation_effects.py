@@ -211,6 +211,7 @@ def test_agent_launch_compensation_stops_the_process_with_proof(services, settin
         1,
         task_id,
         {"workspace_id": str(workspace.id), "repositories": []},
+        services.tokens,
     )
     step = AgentLaunchStep()
     evidence = step.run(ctx)

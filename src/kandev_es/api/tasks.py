@@ -10,6 +10,7 @@ from flask_smorest import Blueprint
 
 from kandev_es.api import schemas
 from kandev_es.api.context import (
+    create_principal,
     json_object,
     own_task_principal,
     path_uuid,
@@ -51,7 +52,7 @@ class TaskCreate(MethodView):
     @_document_errors(400, 404, 413, 422, 503)
     def post(self) -> dict[str, Any]:
         body = json_object()
-        result = services().creation.create(principal(), body)
+        result = services().creation.create(create_principal(), body)
         return result.to_response()
 
 

@@ -11,8 +11,14 @@ from typing import Any
 from eventsourcing.utils import get_topic
 
 from kandev_es.application import Tasks, VersionConflict
-from kandev_es.domain.principal import OPERATOR, ROLES, Principal
-from kandev_es.domain.token import ApiToken, hash_token, run_token_id_for, token_id_for
+from kandev_es.domain.principal import OPERATOR, ROLES, Principal, Unconfirmed, principal_of
+from kandev_es.domain.token import (
+    ApiToken,
+    RunCredentialRevoked,
+    hash_token,
+    run_token_id_for,
+    token_id_for,
+)
 from kandev_es.errors import Conflict, TokenNotFound
 
 TOKEN_PREFIX = "kes_"
@@ -40,10 +46,6 @@ def token_dto(token: ApiToken) -> dict[str, Any]:
         "created_on": token.created_on,
         "revoked": token.revoked,
     }
-
-
-class RunCredentialRevoked(Exception):
-    """The run's credential was revoked (the run ended); it is never reissued."""
 
 
 class TokenService:
@@ -84,6 +86,18 @@ class TokenService:
         self._app.save_atomically(token)
         return secret, Principal(token.id, admin, workspace_id, run_id, task_id, token.role)
 
+    def issue_run(self, workspace_id: uuid.UUID, run_id: str, task_id: uuid.UUID) -> str:
+        """The secret of a run credential for an agent launch (the creation
+        steps' RunCredentials); RunCredentialRevoked once the run has ended."""
+        secret, _ = self.issue(
+            workspace_id=workspace_id,
+            admin=False,
+            label=f"run:{run_id}",
+            run_id=run_id,
+            task_id=task_id,
+        )
+        return secret
+
     def authenticate(self, secret: str | None) -> Principal | None:
         if not secret or not secret.startswith(TOKEN_PREFIX) or len(secret) > 200:
             return None
@@ -91,16 +105,18 @@ class TokenService:
         # A shared snapshot caught up by one query for the events after it (no
         # decoding, no copy when nothing changed): still a read of the store on
         # every request, so a revocation by any process refuses the next one.
-        token = self._app.read(token_id_for(token_hash), ApiToken)
-        # A run credential is no principal off the run routes (authenticate_run).
-        if token is None or token.revoked or token.run_id is not None:
+        return principal_of(self._app.read(token_id_for(token_hash), ApiToken), token_hash)
+
+    def authenticate_unconfirmed(self, secret: str | None) -> Principal | Unconfirmed | None:
+        """Without a query when this process has read the token before (an
+        ``Unconfirmed`` its caller must confirm); otherwise ``authenticate``."""
+        if not secret or not secret.startswith(TOKEN_PREFIX) or len(secret) > 200:
             return None
-        # The id already derives from the hash; compare anyway, in constant time.
-        if not hmac.compare_digest(token.token_hash, token_hash):
-            return None
-        return Principal(
-            token.id, token.admin, token.workspace_id, token.run_id, token.task_id, token.role
-        )
+        token_hash = hash_token(secret)
+        known = principal_of(self._app.snapshot(token_id_for(token_hash), ApiToken), token_hash)
+        if known is None:  # never read here, or refused then: ask the store now
+            return self.authenticate(secret)
+        return Unconfirmed(known, token_hash)
 
     def authenticate_run(self, secret: str | None, run_id: str | None) -> Principal | None:
         """A run credential plus the run id it is bound to (``X-Kandev-Run-Id``).

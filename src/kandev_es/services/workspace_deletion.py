@@ -28,12 +28,17 @@ ATTEMPTS = 16
 
 class WorkspaceDeletionService:
     def __init__(
-        self, app: Tasks, database: Database, projections: ProjectionRunner, settings: Settings
+        self,
+        app: Tasks,
+        database: Database,
+        projections: ProjectionRunner,
+        settings: Settings,
+        driver: CreationDriver,
     ) -> None:
         self._app = app
         self._database = database
         self._projections = projections
-        self._driver = CreationDriver(app, settings)
+        self._driver = driver
         self._lease = timedelta(seconds=settings.lease_seconds)
 
     def delete(self, workspace_id: uuid.UUID, *, actor: str) -> dict[str, Any]:

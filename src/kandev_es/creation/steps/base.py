@@ -17,6 +17,19 @@ UNKNOWN = "unknown"
 COMPENSATED = "compensated"
 
 
+class RunCredentials(Protocol):
+    """What agent launch needs of the token service, injected by bootstrap so
+    creation never imports the service layer above it."""
+
+    def issue_run(self, workspace_id: uuid.UUID, run_id: str, task_id: uuid.UUID) -> str:
+        """A fresh secret bound to the run; RunCredentialRevoked once it has ended."""
+        ...
+
+    def revoke_run(self, run_id: str, reason: str) -> bool:
+        """End the run's credential (idempotent)."""
+        ...
+
+
 @dataclass(frozen=True)
 class StepContext:
     app: Tasks
@@ -25,6 +38,7 @@ class StepContext:
     tenure: int
     task_id: uuid.UUID
     manifest: dict[str, Any]
+    credentials: RunCredentials
 
     @property
     def workspace_id(self) -> uuid.UUID:
