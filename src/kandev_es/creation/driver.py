@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from kandev_es import metrics
 from kandev_es.application import Tasks, VersionConflict
 from kandev_es.config import Settings
 from kandev_es.creation import failpoints
@@ -130,6 +131,7 @@ class CreationDriver:
             lease_expires_at=datetime.now(UTC) + self._lease,
         )
         self._app.save_atomically(identity)
+        metrics.record_step(step, status)
 
     def _prepare(
         self, identity: Identity, task: Task, tenure: Tenure, ctx: StepContext
@@ -204,6 +206,7 @@ class CreationDriver:
         )
         identity.begin_aborting(number, error.code)
         self._app.save_atomically(identity)
+        metrics.record_step(step, FAILED)
 
     def _complete(self, identity: Identity, task: Task, number: int) -> None:
         outcome = creation.complete(identity, task, number)

@@ -8,13 +8,13 @@ import logging
 import os
 import socket
 import uuid
-from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
 from typing import Any, TypeVar
 
+from kandev_es import metrics
 from kandev_es.application import Tasks, VersionConflict
 from kandev_es.config import Settings
 from kandev_es.creation import failpoints
@@ -70,7 +70,6 @@ class CreationService:
         self._driver = driver
         self._settings = settings
         self._owner_prefix = f"{socket.gethostname()}:{os.getpid()}"
-        self.outcome_counts: Counter[str] = Counter()
         # The DTO of each recently answered task snapshot: snapshots are never
         # changed in place (see ReadCache), so the same object means the same
         # DTO, and a retry storm does not rebuild it for every answer.
@@ -80,8 +79,12 @@ class CreationService:
     def create(
         self, principal: Principal | Unconfirmed | None, body: Mapping[str, Any]
     ) -> CreateResult:
-        result = self._create(principal, body)
-        self.outcome_counts[result.outcome.value] += 1
+        try:
+            result = self._create(principal, body)
+        except Exception as error:
+            metrics.record_creation_error(error)
+            raise
+        metrics.record_creation(result.outcome.value)
         return result
 
     def _create(

@@ -12,6 +12,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+from kandev_es import metrics
 from kandev_es.application import Tasks, VersionConflict
 from kandev_es.creation.driver import CreationDriver, Fenced
 from kandev_es.domain.errors import DomainRuleBroken
@@ -89,7 +90,9 @@ class Runtime:
         try:
             outcome = self._driver.drive(identity_id, number, epoch)
         except Fenced:
+            metrics.record_recovery("fenced")
             return None  # a later runtime took over from us in turn
+        metrics.record_recovery(outcome.tenure.phase)
         log.info(
             "recovered identity=%s tenure=%s phase=%s", identity_id, number, outcome.tenure.phase
         )
