@@ -24,6 +24,11 @@ Each worker runs its own projection thread (create_app starts one); on
 PostgreSQL the projections write their positions transactionally, so several
 runners are safe, or run `kandev-es projections run` beside the workers.
 
+Workers share their /metrics values through files in `<KANDEV_DATA_DIR>/metrics`
+(prometheus_client's multiprocess mode): `on_starting` wipes and names it before
+any worker forks, `child_exit` retires a dead worker's live gauges. Do not set
+preload_app: the workers must import prometheus_client after the master named it.
+
 This directory is deliberately not a Python package (a top-level `http` package
 would shadow the standard library's `http`).
 """
@@ -33,6 +38,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 
+from kandev_es import metrics
 from kandev_es.config import load_settings
 
 
@@ -61,6 +67,17 @@ control_socket_disable = True
 accesslog = "-"  # access log on stdout
 errorlog = "-"  # gunicorn's own log on stderr
 loglevel = (os.environ.get("KANDEV_LOG_LEVEL") or "info").lower()
+
+
+def on_starting(server: object) -> None:
+    """Once, in the master, before any worker forks: a fresh metrics directory
+    for this run, named to the workers (README: Metrics)."""
+    metrics.start_multiprocess(load_settings())
+
+
+def child_exit(server: object, worker: object) -> None:
+    """A dead worker's live gauges leave /metrics; its counters stay."""
+    metrics.worker_exited(worker.pid)  # type: ignore[attr-defined]
 
 
 def post_fork(server: object, worker: object) -> None:

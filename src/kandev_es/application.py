@@ -6,7 +6,7 @@ import copy
 import logging
 import threading
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, TypeVar, cast
 
@@ -15,7 +15,7 @@ from eventsourcing.domain import Aggregate
 from eventsourcing.persistence import IntegrityError, OperationalError, StoredEvent
 
 from kandev_es.config import Settings
-from kandev_es.errors import StoreUnavailable
+from kandev_es.errors import Contended, StoreUnavailable
 from kandev_es.storage.breaker import StoreBreaker, means_unreachable
 from kandev_es.storage.database import parse_postgres_url
 from kandev_es.storage.sqlite_factory import SQLITE_FACTORY_TOPIC
@@ -23,6 +23,8 @@ from kandev_es.storage.sqlite_recorder import SQLITE_RECORDER_TOPIC
 from kandev_es.storage.streams import StreamsAdvanced
 
 A = TypeVar("A", bound=Aggregate)
+L = TypeVar("L")
+R = TypeVar("R")
 log = logging.getLogger("kandev_es.store")
 
 
@@ -32,6 +34,7 @@ class VersionConflict(Exception):
 
 
 READ_CACHE_SIZE = 20000
+CONFLICT_ATTEMPTS = 8
 
 
 class ReadCache:
@@ -246,6 +249,33 @@ class Tasks(Application):  # type: ignore[type-arg]
         except (IntegrityError, StreamsAdvanced):
             raise VersionConflict from None
         return max((r.notification.id for r in recordings), default=0)
+
+    def retry_on_conflict(
+        self,
+        load: Callable[[], L],
+        mutate: Callable[[L], R],
+        *,
+        attempts: int = CONFLICT_ATTEMPTS,
+        contended: str = "the record keeps changing; retry",
+    ) -> R:
+        """Optimistic concurrency, written once: ``load`` reads afresh (an
+        aggregate, None, or a tuple of them), ``mutate`` calls commands on it
+        and returns the answer (or raises to stop, saving nothing); then every
+        loaded aggregate with pending events is saved in one transaction
+        (none pending: no write). A version clash reads again, at most
+        ``attempts`` times in all, then ``Contended`` (409)."""
+        for _ in range(attempts):
+            loaded = load()
+            answer = mutate(loaded)
+            parts = loaded if isinstance(loaded, tuple) else (loaded,)
+            changed = [a for a in parts if isinstance(a, Aggregate) and a.pending_events]
+            if changed:
+                try:
+                    self.save_atomically(*changed)
+                except VersionConflict:
+                    continue
+            return answer
+        raise Contended(contended, attempts=attempts)
 
     def max_notification_id(self) -> int:
         with self._store_call():

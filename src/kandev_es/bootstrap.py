@@ -8,12 +8,14 @@ from dataclasses import dataclass
 
 from kandev_es.application import Tasks
 from kandev_es.config import Settings
+from kandev_es.creation.driver import CreationDriver
 from kandev_es.creation.service import CreationService
 from kandev_es.projections.creations import CreationsProjection
 from kandev_es.projections.feeds import FeedsProjection
 from kandev_es.projections.identities import IdentitiesProjection
 from kandev_es.projections.runner import ProjectionRunner
 from kandev_es.projections.tasks import TasksProjection
+from kandev_es.runtime.recovery import Runtime
 from kandev_es.services.attachments import AttachmentService
 from kandev_es.services.auth import TokenService
 from kandev_es.services.creations import CreationStatusService
@@ -42,6 +44,7 @@ class Services:
     app: Tasks
     database: Database
     attestation: AttestationGuard
+    driver: CreationDriver
     creation: CreationService
     tasks: TaskService
     workspaces: WorkspaceService
@@ -52,6 +55,17 @@ class Services:
     creation_status: CreationStatusService
     release: ReleaseService
     workspace_deletion: WorkspaceDeletionService
+
+    def runtime(self, owner_id: str | None = None) -> Runtime:
+        """A recovery Runtime over these parts (``kandev-es runtime``, the app's thread)."""
+        return Runtime(
+            self.app,
+            self.database,
+            self.projections,
+            self.driver,
+            self.settings.lease_seconds,
+            owner_id,
+        )
 
     def close(self) -> None:
         self.projections.stop()
@@ -106,19 +120,26 @@ def bootstrap(settings: Settings) -> Services:
         database,
         [TasksProjection(), IdentitiesProjection(), CreationsProjection(), FeedsProjection()],
     )
+    tokens = TokenService(app, settings.run_token_ttl)
+    # One driver for the creating request, workspace deletion and the Runtime;
+    # agent launch gets its run credentials from the token service through it.
+    driver = CreationDriver(app, settings, tokens)
     return Services(
         settings=settings,
         app=app,
         database=database,
         attestation=attestation,
-        creation=CreationService(app, attestation, settings),
+        driver=driver,
+        creation=CreationService(app, attestation, settings, driver),
         tasks=TaskService(app, database),
         workspaces=WorkspaceService(app, database),
-        tokens=TokenService(app, settings.run_token_ttl),
+        tokens=tokens,
         projections=projections,
         repositories=RepositoryService(app, settings.allowed_repository_roots),
         attachments=AttachmentService(app, settings),
         creation_status=CreationStatusService(app),
         release=ReleaseService(app, attestation),
-        workspace_deletion=WorkspaceDeletionService(app, database, projections, settings),
+        workspace_deletion=WorkspaceDeletionService(
+            app, database, projections, settings, driver
+        ),
     )

@@ -197,7 +197,8 @@ def release(workspace_id: str, external_id: str, operation_id: str) -> None:
             target = uuid.UUID(workspace_id)
         except ValueError:
             raise click.BadParameter("not a UUID", param_hint="--workspace") from None
-        result = services.release.release(target, external_id, operation_id)
+        # The local CLI reaches the store directly: no token, so the actor is "cli".
+        result = services.release.release(target, external_id, operation_id, actor="cli")
         _emit({"status": result.status, "replayed": result.replayed, **result.body})
         if result.status != 200:
             sys.exit(1)
@@ -212,10 +213,8 @@ def release(workspace_id: str, external_id: str, operation_id: str) -> None:
 @click.option("--poll", default=1.0, show_default=True, help="seconds between scans")
 def runtime(once: bool, poll: float) -> None:
     """Run the fenced recovery Runtime: finish or abort creations whose owner died."""
-    from kandev_es.runtime.recovery import Runtime
-
     services = _open(create_tables=False)
-    actor = Runtime(services)
+    actor = services.runtime()
     try:
         if once:
             recoveries = actor.recover_once()

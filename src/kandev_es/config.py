@@ -182,6 +182,33 @@ def data_path(settings: Settings, *parts: str) -> Path:
     return settings.data_dir.resolve().joinpath(*parts)
 
 
+# prometheus_client's multiprocess mode reads this name when it is first imported.
+METRICS_DIR_VARIABLE = "PROMETHEUS_MULTIPROC_DIR"
+
+
+def metrics_dir(settings: Settings) -> Path:
+    """Where a server's worker processes keep their metric values (one run's worth:
+    the server wipes it at start)."""
+    return data_path(settings, "metrics")
+
+
+def multiprocess_metrics_dir(environ: Mapping[str, str] | None = None) -> Path | None:
+    """The directory the running server's workers share their metrics through,
+    or None outside a multi-process server (one process answers for itself)."""
+    env = os.environ if environ is None else environ
+    raw = env.get(METRICS_DIR_VARIABLE)
+    return Path(raw) if raw else None
+
+
+def export_multiprocess_metrics_dir(
+    directory: Path, environ: MutableMapping[str, str] | None = None
+) -> None:
+    """Name ``directory`` to this process and the workers it will fork; must run
+    before prometheus_client is first imported (the gunicorn master's on_starting)."""
+    env = os.environ if environ is None else environ
+    env[METRICS_DIR_VARIABLE] = str(directory)
+
+
 RUN_CREDENTIAL_VARIABLES = ("KANDEV_API_URL", "KANDEV_RUN_TOKEN", "KANDEV_RUN_ID")
 
 

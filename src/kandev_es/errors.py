@@ -122,12 +122,13 @@ class Conflict(KandevError):
     code = "conflict"
 
 
+class Contended(Conflict):
+    """Optimistic concurrency gave up: the records kept changing under every
+    bounded attempt (``Tasks.retry_on_conflict``). Retrying later is safe."""
+
+
 class WorkspaceExists(Conflict):
     code = "workspace_exists"
-
-
-class TaskDeleted(Conflict):
-    code = "task_deleted"
 
 
 class RevisionMismatch(KandevError):
@@ -160,6 +161,13 @@ class SchemaNotAttested(Unavailable):
 
 class StoreUnavailable(Unavailable):
     code = "store_unavailable"
+
+
+class UnknownStep(Unavailable):
+    """A stored creation plan names a step this version cannot build (a newer
+    version planned it): the creation is left for a runtime that knows it."""
+
+    code = "unknown_step"
 
 
 class InvalidSetting(KandevError):

@@ -6,6 +6,7 @@ from typing import Any
 
 import click
 
+from kandev_es import metrics
 from kandev_es.bootstrap import bootstrap
 from kandev_es.config import Settings
 
@@ -63,6 +64,9 @@ def run_server(
                 "timeout": 60,
                 "graceful_timeout": 10,
                 "control_socket_disable": True,
+                # Workers share their metrics through files (README: Metrics).
+                "on_starting": lambda server: metrics.start_multiprocess(settings),
+                "child_exit": lambda server, worker: metrics.worker_exited(worker.pid),
             }
             for key, value in options.items():
                 self.cfg.set(key, value)

@@ -4,12 +4,6 @@ one (or with another workspace's token) a create is "task not created"."""
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 
@@ -19,10 +13,10 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from tests.support.mcp_client import call, server_env
+from tests.support.served import ServedMcp
 
 pytestmark = pytest.mark.anyio
 CREATE = "create_task_kandev"
-WAIT_S = 20.0
 
 
 @pytest.fixture
@@ -30,43 +24,10 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture
-def mcp_url(settings, services) -> Iterator[str]:
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KANDEV_")}
-    env.update(server_env(settings))
-    log = (settings.data_dir.parent / "mcp-http.log").open("ab")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "kandev_es.cli", "mcp", "--http", "--port", str(port)],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    try:
-        deadline = time.monotonic() + WAIT_S
-        while True:
-            assert process.poll() is None, "mcp --http exited early"
-            with socket.socket() as sock:
-                if sock.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            assert time.monotonic() < deadline, "mcp --http did not start listening"
-            time.sleep(0.1)
-        yield f"http://127.0.0.1:{port}/mcp"
-    finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-        log.close()
+def mcp_url(settings, services, tmp_path) -> Iterator[str]:
+    with ServedMcp(settings, tmp_path, **server_env(settings)) as served:
+        yield served.url
 
 
 @asynccontextmanager

@@ -1,250 +1,65 @@
 """A real `kandev-es serve` process, spoken to over HTTP (stdlib urllib only).
 
-Each test starts the console script as a subprocess on a free port with its
-own data dir, reads the first-start lines it prints on stderr (admin token,
-workspace id, the curl example), waits for /healthz, and stops the process
-group at teardown (SIGTERM, then SIGKILL), also when the test fails. Every
-wait is bounded.
+Each test starts the console script with tests/support/served.py (a free port,
+its own data dir, the first-start lines it prints, /healthz), and every process
+it started is stopped at teardown, also when the test fails.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import re
 import shlex
-import signal
-import socket
-import subprocess
-import sys
-import time
-import urllib.error
 import urllib.parse
-import urllib.request
 import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from kandev_es.config import Settings
+from tests.support.served import Reply, ServedProcess, http
 
-WAIT_S = 20.0
-HTTP_TIMEOUT_S = 10.0
-
-# The lines src/kandev_es/server.py prints (first_start).
-UUID_RE = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
-CREATED_WS_RE = re.compile(rf"^kandev-es: created workspace default = ({UUID_RE})$", re.M)
-TOKEN_RE = re.compile(r"^kandev-es: admin token \(shown once\): (kes_\S+)$", re.M)
-KNOWN_WS_RE = re.compile(rf"^kandev-es: workspace default = ({UUID_RE});", re.M)
+# The curl line src/kandev_es/server.py prints on a first start.
 CURL_RE = re.compile(r"^\s*(curl -s -X POST \S+/api/v1/tasks .*)$", re.M)
 
-
-# --------------------------------------------------------------------------
-# HTTP
+Start = Callable[[], ServedProcess]
 
 
-@dataclass
-class Reply:
-    status: int
-    body: Any
-    headers: dict[str, str]
+def _starter(settings: Settings, log_dir: Path) -> Iterator[Start]:
+    started: list[ServedProcess] = []
 
+    def start() -> ServedProcess:
+        started.append(ServedProcess(settings, log_dir))
+        return started[-1]
 
-def http(
-    method: str,
-    url: str,
-    *,
-    token: str | None = None,
-    body: Any = None,
-    headers: dict[str, str] | None = None,
-) -> Reply:
-    sent = dict(headers or {})
-    data = None
-    if body is not None:
-        data = json.dumps(body).encode("utf-8")
-        sent.setdefault("Content-Type", "application/json")
-    if token is not None:
-        sent["Authorization"] = f"Bearer {token}"
-    request = urllib.request.Request(url, data=data, method=method, headers=sent)
     try:
-        with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S) as response:
-            status, raw, got = response.status, response.read(), dict(response.headers)
-    except urllib.error.HTTPError as error:
-        status, raw, got = error.code, error.read(), dict(error.headers)
-    text = raw.decode("utf-8")
-    try:
-        parsed: Any = json.loads(text) if text else None
-    except ValueError:
-        parsed = text
-    return Reply(status, parsed, got)
-
-
-# --------------------------------------------------------------------------
-# The served process
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-    return port
-
-
-def serve_command() -> list[str]:
-    """The installed console script of this interpreter, else the same entry
-    point through ``-c`` (``python -m kandev_es.cli`` is not an entry)."""
-    script = Path(sys.executable).parent / "kandev-es"
-    if script.is_file() and os.access(script, os.X_OK):
-        return [str(script)]
-    return [sys.executable, "-c", "from kandev_es.cli import main; main()"]
-
-
-@dataclass
-class Server:
-    process: subprocess.Popen[bytes]
-    port: int
-    stderr_path: Path
-    stdout_path: Path
-    workspace_id: str = ""
-    token: str | None = None
-    first_start: bool = False
-    extra: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def base(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def stderr(self) -> str:
-        return self.stderr_path.read_text(encoding="utf-8", errors="replace")
-
-    def logs(self) -> str:
-        out = self.stdout_path.read_text(encoding="utf-8", errors="replace")
-        return f"--- stderr\n{self.stderr()[-4000:]}\n--- stdout\n{out[-2000:]}"
-
-    def stop(self) -> None:
-        if self.process.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(timeout=WAIT_S)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=WAIT_S)
-        # Workers are in the same process group; make sure none outlives us.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.process.pid, signal.SIGKILL)
-
-
-class Launcher:
-    def __init__(self, root: Path, settings: Settings) -> None:
-        self._root = root
-        self._settings = settings
-        self._started: list[Server] = []
-
-    def start(self) -> Server:
-        index = len(self._started)
-        port = free_port()
-        env = {k: v for k, v in os.environ.items() if not k.startswith("KANDEV_")}
-        env["KANDEV_DATA_DIR"] = str(self._settings.data_dir)
-        if self._settings.database_url:
-            env["KANDEV_DATABASE_URL"] = self._settings.database_url
-        env["PYTHONUNBUFFERED"] = "1"
-        stderr_path = self._root / f"serve-{index}.stderr"
-        stdout_path = self._root / f"serve-{index}.stdout"
-        with stderr_path.open("wb") as err, stdout_path.open("wb") as out:
-            process = subprocess.Popen(
-                [*serve_command(), "serve", "--host", "127.0.0.1", "--port", str(port)],
-                cwd=self._root,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=err,
-                start_new_session=True,  # its own process group, stopped as one
-            )
-        server = Server(process, port, stderr_path, stdout_path)
-        self._started.append(server)
-        self._await_banner(server)
-        self._await_health(server)
-        return server
-
-    def stop_all(self) -> None:
-        for server in reversed(self._started):
+        yield start
+    finally:
+        for server in reversed(started):
             server.stop()
 
-    def _await_banner(self, server: Server) -> None:
-        deadline = time.monotonic() + WAIT_S
-        while True:
-            text = server.stderr()
-            created, token = CREATED_WS_RE.search(text), TOKEN_RE.search(text)
-            if created and token and CURL_RE.search(text):
-                server.workspace_id, server.token = created.group(1), token.group(1)
-                server.first_start = True
-                return
-            known = KNOWN_WS_RE.search(text)
-            if known:
-                server.workspace_id = known.group(1)
-                return
-            if server.process.poll() is not None:
-                pytest.fail(
-                    f"kandev-es serve exited early ({server.process.returncode})\n" + server.logs()
-                )
-            if time.monotonic() > deadline:
-                pytest.fail(f"no first-start lines within {WAIT_S}s\n" + server.logs())
-            time.sleep(0.05)
 
-    def _await_health(self, server: Server) -> None:
-        deadline = time.monotonic() + WAIT_S
-        while True:
-            with contextlib.suppress(OSError):
-                if http("GET", server.base + "/healthz").status == 200:
-                    return
-            if server.process.poll() is not None:
-                pytest.fail(
-                    f"kandev-es serve exited ({server.process.returncode})\n" + server.logs()
-                )
-            if time.monotonic() > deadline:
-                pytest.fail(f"/healthz not ready within {WAIT_S}s\n" + server.logs())
-            time.sleep(0.1)
+@pytest.fixture
+def launch(tmp_path: Path) -> Iterator[Start]:
+    """Starts `kandev-es serve` on the embedded default (SQLite, a fresh data dir)."""
+    yield from _starter(Settings(data_dir=tmp_path / "data"), tmp_path)
 
 
 @pytest.fixture
-def embedded(tmp_path: Path) -> Settings:
-    """The embedded default: SQLite under a fresh data dir."""
-    return Settings(data_dir=tmp_path / "data")
-
-
-@pytest.fixture
-def launcher(tmp_path: Path, embedded: Settings) -> Iterator[Launcher]:
-    launch = Launcher(tmp_path, embedded)
-    try:
-        yield launch
-    finally:
-        launch.stop_all()
-
-
-@pytest.fixture
-def any_backend_launcher(tmp_path: Path, settings: Settings) -> Iterator[Launcher]:
-    """Like ``launcher``, on each backend of tests/conftest.py (SQLite, and
+def launch_any_backend(tmp_path: Path, settings: Settings) -> Iterator[Start]:
+    """Like ``launch``, on each backend of tests/conftest.py (SQLite, and
     PostgreSQL in a per-test schema that is dropped after the server stops)."""
-    launch = Launcher(tmp_path, settings)
-    try:
-        yield launch
-    finally:
-        launch.stop_all()
+    yield from _starter(settings, tmp_path)
 
 
-def create(server: Server, token: str | None, **fields: Any) -> Reply:
+def create(server: ServedProcess, token: str | None, **fields: Any) -> Reply:
     body = {"workspace_id": server.workspace_id, **fields}
     return http("POST", server.base + "/api/v1/tasks", token=token, body=body)
 
 
-def lookup(server: Server, token: str | None, external_id: str) -> Reply:
+def lookup(server: ServedProcess, token: str | None, external_id: str) -> Reply:
     query = urllib.parse.urlencode({"external_id": external_id})
     url = f"{server.base}/api/v1/workspaces/{server.workspace_id}/tasks/by-external-id?{query}"
     return http("GET", url, token=token)
@@ -254,8 +69,8 @@ def lookup(server: Server, token: str | None, external_id: str) -> Reply:
 # Tests
 
 
-def test_first_start_prints_a_working_admin_token_and_curl_line(launcher: Launcher) -> None:
-    server = launcher.start()
+def test_first_start_prints_a_working_admin_token_and_curl_line(launch: Start) -> None:
+    server = launch()
     assert server.first_start
     assert server.token is not None
     uuid.UUID(server.workspace_id)
@@ -267,7 +82,7 @@ def test_first_start_prints_a_working_admin_token_and_curl_line(launcher: Launch
     assert workspace.body["name"] == "default"
 
     # The printed curl line is a working request: replay it without curl.
-    match = CURL_RE.search(server.stderr())
+    match = CURL_RE.search(server.output())
     assert match is not None
     words = shlex.split(match.group(1))
     url = words[words.index("-X") + 2]
@@ -282,8 +97,8 @@ def test_first_start_prints_a_working_admin_token_and_curl_line(launcher: Launch
     assert reply.body["external_id"] == payload["external_id"]
 
 
-def test_created_then_found_settled_over_http(any_backend_launcher: Launcher) -> None:
-    server = any_backend_launcher.start()
+def test_created_then_found_settled_over_http(launch_any_backend: Start) -> None:
+    server = launch_any_backend()
     token = server.token
 
     first = create(server, token, external_id="JIRA-1", title="First task")
@@ -324,8 +139,8 @@ def test_created_then_found_settled_over_http(any_backend_launcher: Launcher) ->
     assert lookup(server, token, "jira-1").status == 404
 
 
-def test_second_start_keeps_tasks_and_prints_no_new_token(any_backend_launcher: Launcher) -> None:
-    first = any_backend_launcher.start()
+def test_second_start_keeps_tasks_and_prints_no_new_token(launch_any_backend: Start) -> None:
+    first = launch_any_backend()
     assert first.first_start and first.token is not None
     token = first.token
     created = create(first, token, external_id="JIRA-7", title="Survives a restart")
@@ -334,9 +149,9 @@ def test_second_start_keeps_tasks_and_prints_no_new_token(any_backend_launcher: 
     first.stop()
     assert first.process.returncode is not None
 
-    second = any_backend_launcher.start()
+    second = launch_any_backend()
     assert not second.first_start
-    assert "admin token" not in second.stderr()
+    assert "admin token" not in second.output()
     assert second.workspace_id == first.workspace_id
 
     found = lookup(second, token, "JIRA-7")
@@ -348,8 +163,8 @@ def test_second_start_keeps_tasks_and_prints_no_new_token(any_backend_launcher: 
     assert retry.body["id"] == created.body["id"]
 
 
-def test_another_workspaces_token_gets_task_not_created(launcher: Launcher) -> None:
-    server = launcher.start()
+def test_another_workspaces_token_gets_task_not_created(launch: Start) -> None:
+    server = launch()
     admin = server.token
     held = create(server, admin, external_id="JIRA-1", title="Held")
     assert held.status == 200, held.body

@@ -53,6 +53,43 @@ def test_identity_history_cli_prints_a_timeline_across_tenures(
     assert all("handle_hash" not in e for e in history["events"])
 
 
+def test_release_records_its_actor_for_auditors_never_a_secret(
+    cli, client, services, workspace, operator
+):
+    """REST release by an operator token: the Released event names the token id
+    (``token:<id>``); the CLI release names ``cli``. No secret anywhere."""
+    principal, secret = operator
+    create(client, secret, external_id="ACT-1", title="first")
+    answer = client.delete(
+        f"/api/v1/workspaces/{workspace.id}/tasks/by-external-id",
+        query_string={"external_id": "ACT-1"},
+        headers={**bearer(secret), "Idempotency-Key": "op-act-1"},
+    )
+    assert answer.status_code == 200, answer.json
+    create(client, secret, external_id="ACT-1", title="second")
+    released = cli(
+        "release",
+        "--workspace",
+        str(workspace.id),
+        "--external-id",
+        "ACT-1",
+        "--operation-id",
+        "op-act-2",
+    )
+    assert released.exit_code == 0, released.output
+    history = json.loads(
+        cli("identity", "history", "--workspace", "acme", "--external-id", "ACT-1", "--json").stdout
+    )
+    actors = [
+        (e["operation_id"], e["actor"]) for e in history["events"] if e["event"] == "Released"
+    ]
+    assert actors == [("op-act-1", f"token:{principal.token_id}"), ("op-act-2", "cli")]
+    text = cli("identity", "history", "--workspace", "acme", "--external-id", "ACT-1").stdout
+    assert f"operation op-act-1, reason operator, by token:{principal.token_id}" in text
+    assert "operation op-act-2, reason operator, by cli" in text
+    assert secret not in text and secret not in json.dumps(history)
+
+
 def test_identity_history_cli_rejects_unknown_identity_and_workspace(cli, workspace):
     missing = cli("identity", "history", "--workspace", "acme", "--external-id", "NOPE")
     assert missing.exit_code != 0 and "identity not found" in missing.output

@@ -29,7 +29,7 @@ def release(services, task_id, operation_id="op-1"):
     """The release path at the domain level: identity released, task cleared, one save."""
     task = services.app.load(uuid.UUID(str(task_id)), Task)
     identity = services.app.load(task.identity_id, Identity)
-    identity.release(identity.holder.number, operation_id, "operator")
+    identity.release(identity.holder.number, operation_id, "operator", actor="token:test")
     task.clear_external_id(operation_id, "operator")
     services.app.save_atomically(identity, task)
 
@@ -243,10 +243,10 @@ def test_sse_stream_delivers_events_that_arrive_while_open(client, services, wor
 
 
 def test_release_route_and_its_replay_emit_exactly_one_task_updated(
-    client, services, workspace, member
+    client, services, workspace, operator
 ):
     """AC-TASKS-EXTERNAL-ID-001.6: one immutable task.updated per release operation."""
-    _, secret = member
+    _, secret = operator
     task = create(client, secret, external_id="REL-1", title="t").json
     url = f"/api/v1/workspaces/{workspace.id}/tasks/by-external-id"
     headers = {**bearer(secret), "Idempotency-Key": "op-rel-1"}

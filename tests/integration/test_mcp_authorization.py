@@ -122,8 +122,8 @@ def test_the_only_workspace_scan_goes_through_the_store_breaker(
     """Issue 17 point 3: with the breaker open, resolving the default workspace
     is refused with the typed 503 like every other store call, not read around it."""
     from kandev_es.application import Tasks
+    from kandev_es.domain.principal import Principal
     from kandev_es.errors import StoreUnavailable
-    from kandev_es.services.auth import Principal
     from kandev_es.services.workspaces import WorkspaceService
     from kandev_es.storage.breaker import StoreBreaker
 

@@ -17,10 +17,9 @@ import uuid
 import pytest
 
 from kandev_es.bootstrap import bootstrap
-from kandev_es.creation.driver import CreationDriver, Fenced
+from kandev_es.creation.driver import Fenced
 from kandev_es.domain.external_id import identity_id
 from kandev_es.domain.identity import Identity
-from kandev_es.runtime.recovery import Runtime
 from tests.conftest import bearer
 from tests.integration.helpers import branches, create, make_git_repository, worktrees
 
@@ -80,7 +79,7 @@ def test_runtime_completes_a_creation_whose_owner_died(
     assert create(client, secret, **body).json["outcome"] == "found_unsettled"
 
     time.sleep(LEASE + 0.2)
-    [recovery] = Runtime(short_lease).recover_once()
+    [recovery] = short_lease.runtime().recover_once()
     assert (recovery.phase, recovery.epoch) == ("completed", 1)
     settled = create(client, secret, **body)
     assert settled.json["outcome"] == "found_settled"
@@ -95,7 +94,7 @@ def test_runtime_leaves_live_leases_alone(
     body = {"external_id": "CR-2", "title": "t", "repositories": ["backend"]}
     crash_create(settings, secret, body, "claim:after", lease=120)
     # An observer cannot tell slow from dead: until the lease runs out, hands off.
-    assert Runtime(short_lease).recover_once() == []
+    assert short_lease.runtime().recover_once() == []
     assert create(client, secret, **body).json["outcome"] == "found_unsettled"
 
 
@@ -112,10 +111,10 @@ def test_stale_owner_is_fenced_and_touches_nothing(
     services.app.save_atomically(identity)
 
     with pytest.raises(Fenced):
-        CreationDriver(services.app, services.settings).drive(key, 1, epoch=0)
+        services.driver.drive(key, 1, epoch=0)
     assert branches(repo) == ["main"]
 
-    done = CreationDriver(services.app, services.settings).drive(key, 1, epoch=epoch)
+    done = services.driver.drive(key, 1, epoch=epoch)
     assert done.tenure.phase == "completed"
     assert "kandev/KAN-1" in branches(repo)
 
@@ -133,7 +132,7 @@ def test_two_runtimes_never_both_act_on_one_tenure(
 
     def scan(target) -> None:
         barrier.wait(timeout=30)
-        results.extend(Runtime(target, owner_id=f"runtime:{uuid.uuid4()}").recover_once())
+        results.extend(target.runtime(owner_id=f"runtime:{uuid.uuid4()}").recover_once())
 
     try:
         threads = [threading.Thread(target=scan, args=(s,)) for s in (short_lease, second)]
@@ -165,7 +164,7 @@ def test_runtime_aborts_with_compensation_when_the_manifest_cannot_finish(
     shutil.rmtree(repo)  # the world changed while the owner was dead
 
     time.sleep(LEASE + 0.2)
-    [recovery] = Runtime(short_lease).recover_once()
+    [recovery] = short_lease.runtime().recover_once()
     assert recovery.phase == "aborted"
     assert services.attachments.get(workspace.id, attachment["id"]).claimed_by is None
     assert lookup(client, workspace, secret, "CR-5").status_code == 404

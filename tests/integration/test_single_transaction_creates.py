@@ -60,7 +60,7 @@ def test_a_deletion_between_lookup_and_claim_leaves_no_task(services, member, mo
         number = draw(workspace_id)
         if not hasattr(draw_then_workspace_deleted, "done"):
             draw_then_workspace_deleted.done = True  # type: ignore[attr-defined]
-            services.workspace_deletion.delete(workspace_id)
+            services.workspace_deletion.delete(workspace_id, actor="cli")
         return number
 
     monkeypatch.setattr(services.app, "next_office_number", draw_then_workspace_deleted)

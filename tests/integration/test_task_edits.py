@@ -73,8 +73,8 @@ def test_archive_keeps_the_identity(client, member):
     assert retry.json["id"] == task["id"] and retry.json["archived"] is True
 
 
-def test_delete_frees_the_identity(client, member):
-    _, secret = member
+def test_delete_frees_the_identity(client, operator):
+    _, secret = operator
     task = create(client, secret, external_id="D-1", title="t").json
     assert client.delete(f"/api/v1/tasks/{task['id']}", headers=bearer(secret)).status_code == 204
     assert client.get(f"/api/v1/tasks/{task['id']}", headers=bearer(secret)).status_code == 404
@@ -122,9 +122,9 @@ def test_list_is_paged_and_filters_by_external_id(client, services, workspace, m
 
 
 def test_list_reflects_edits_archive_and_delete_after_projection(
-    client, services, workspace, member
+    client, services, workspace, operator
 ):
-    _, secret = member
+    _, secret = operator
     keep = create(client, secret, external_id="K-1", title="keep").json
     gone = create(client, secret, external_id="K-2", title="gone").json
     client.patch(f"/api/v1/tasks/{keep['id']}", json={"title": "kept"}, headers=bearer(secret))

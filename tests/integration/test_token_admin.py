@@ -10,6 +10,8 @@ import uuid
 
 import pytest
 
+from kandev_es.bootstrap import bootstrap
+from kandev_es.domain.principal import Unconfirmed
 from tests.conftest import bearer
 from tests.support.served import ServedProcess, http, run_cli
 
@@ -102,3 +104,31 @@ def test_cli_revoke_against_a_served_process(settings, tmp_path):
         assert http("GET", url, server.token).status == 404
     finally:
         server.stop()
+
+
+def test_a_token_revoked_by_another_process_is_refused_on_its_next_create(
+    client, services, settings, workspace
+):
+    """The create route takes the principal this process cached and confirms the
+    token inside the create's own first query: a revocation committed by another
+    process is still refused on the very next create -- a Found, a new identity,
+    and a bad external_id alike (404 before 400) -- and nothing is written."""
+    secret, who = services.tokens.issue(workspace_id=workspace.id, admin=False, role="member")
+    held = {"workspace_id": str(workspace.id), "external_id": "REV-1", "title": "t"}
+    first = client.post("/api/v1/tasks", json=held, headers=bearer(secret))
+    assert first.status_code == 200 and first.json["outcome"] == "created", first.json
+    assert isinstance(services.tokens.authenticate_unconfirmed(secret), Unconfirmed)
+    again = client.post("/api/v1/tasks", json=held, headers=bearer(secret))
+    assert again.json["outcome"] == "found_settled"
+    elsewhere = bootstrap(settings.with_overrides(create_tables=False))
+    try:
+        elsewhere.tokens.revoke(who.token_id)
+    finally:
+        elsewhere.close()
+    before = services.app.max_notification_id()
+    for body in (held, {**held, "external_id": "REV-2"}, {**held, "external_id": "REV\n"}):
+        answer = client.post("/api/v1/tasks", json=body, headers=bearer(secret))
+        assert answer.status_code == 404, answer.json
+        assert answer.json == {"error": "task not created"}
+    assert services.app.max_notification_id() == before
+    assert services.tokens.authenticate_unconfirmed(secret) is None

@@ -14,7 +14,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,18 +29,26 @@ WORKSPACE_RE = re.compile(r"workspace default = ([0-9a-f-]{36})")
 class Reply:
     status: int
     body: Any
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 def build_request(
-    method: str, url: str, token: str | None = None, body: Any = None, raw: bytes | None = None
+    method: str,
+    url: str,
+    token: str | None = None,
+    body: Any = None,
+    raw: bytes | None = None,
+    headers: dict[str, str] | None = None,
 ) -> urllib.request.Request:
     """A request with a bearer token and a JSON (or raw) body."""
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    sent = dict(headers or {})
+    if token:
+        sent["Authorization"] = f"Bearer {token}"
     data = raw
     if body is not None:
         data = json.dumps(body).encode()
-        headers["Content-Type"] = "application/json"
-    return urllib.request.Request(url, data=data, method=method, headers=headers)
+        sent.setdefault("Content-Type", "application/json")
+    return urllib.request.Request(url, data=data, method=method, headers=sent)
 
 
 def http(
@@ -50,14 +58,22 @@ def http(
     body: Any = None,
     raw: bytes | None = None,
     timeout: float = 20.0,
+    headers: dict[str, str] | None = None,
 ) -> Reply:
-    request = build_request(method, url, token, body, raw)
+    """One request; the body parsed as JSON when it is JSON, else the text."""
+    request = build_request(method, url, token, body, raw, headers)
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
-            status, text = response.status, response.read()
+            status, text, got = response.status, response.read(), dict(response.headers)
     except urllib.error.HTTPError as error:
-        status, text = error.code, error.read()
-    return Reply(status, json.loads(text) if text else None)
+        status, text, got = error.code, error.read(), dict(error.headers)
+    parsed: Any = None
+    if text:
+        try:
+            parsed = json.loads(text)
+        except ValueError:
+            parsed = text.decode("utf-8", errors="replace")
+    return Reply(status, parsed, got)
 
 
 def free_port() -> int:
@@ -84,7 +100,65 @@ def environment(settings: Settings, **extra: str) -> dict[str, str]:
     return env
 
 
-class ServedProcess:
+class Launched:
+    """A `kandev-es` subcommand as a real process in its own process group,
+    stdout and stderr in one log file, stopped as a group (SIGTERM, then
+    SIGKILL): the one way tests start a served process."""
+
+    def __init__(
+        self,
+        args: list[str],
+        settings: Settings,
+        log_path: Path,
+        launcher: list[str] | None = None,
+        **extra_env: str,
+    ) -> None:
+        self.stderr_path = log_path
+        env = environment(settings, PYTHONUNBUFFERED="1", **extra_env)
+        with self.stderr_path.open("wb") as log:
+            self.process = subprocess.Popen(
+                [*(launcher or kandev_command()), *args],
+                env=env,
+                cwd=log_path.parent,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,  # its own process group, stopped as one
+            )
+
+    def output(self) -> str:
+        """Everything the process printed so far (stderr and stdout)."""
+        return self.stderr_path.read_text(errors="replace")
+
+    def log(self) -> str:
+        return self.output()[-6000:]
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=15)
+        # Workers share the process group: none may outlive the test.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+
+    def __enter__(self) -> Launched:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class ServedProcess(Launched):
+    """`kandev-es serve` on a free port (or ``port``), ready when it answers
+    /healthz. ``token`` is the admin token of a first start (None on a later
+    start of the same data dir); ``workspace_id`` the `default` workspace."""
+
     def __init__(
         self,
         settings: Settings,
@@ -96,30 +170,33 @@ class ServedProcess:
     ) -> None:
         self.port = port or free_port()
         self.base = f"http://127.0.0.1:{self.port}"
-        self.stderr_path = log_dir / f"serve-{self.port}.log"
-        env = environment(settings, KANDEV_PUBLIC_URL=self.base, **extra_env)
-        command = [*(launcher or kandev_command()), "serve", "--port", str(self.port)]
+        args = ["serve", "--host", "127.0.0.1", "--port", str(self.port)]
         if workers is not None:
-            command += ["--workers", str(workers)]
-        with self.stderr_path.open("wb") as log:
-            self.process = subprocess.Popen(
-                command,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-                start_new_session=True,
-            )
-        self.token, self.workspace_id = self._banner()
-        self.wait_healthy()
+            args += ["--workers", str(workers)]
+        super().__init__(
+            args,
+            settings,
+            _fresh_log(log_dir, f"serve-{self.port}"),
+            launcher,
+            KANDEV_PUBLIC_URL=self.base,
+            **extra_env,
+        )
+        try:
+            self.token, self.workspace_id = self._banner()
+            self.wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
 
-    def log(self) -> str:
-        return self.stderr_path.read_text(errors="replace")[-6000:]
+    @property
+    def first_start(self) -> bool:
+        """This start created the `default` workspace and printed an admin token."""
+        return self.token is not None
 
     def _banner(self) -> tuple[str | None, str]:
         deadline = time.monotonic() + WAIT_S
         while time.monotonic() < deadline:
-            text = self.log()
+            text = self.output()
             workspace = WORKSPACE_RE.search(text)
             if workspace and "Listening at" in text:
                 token = TOKEN_RE.search(text)
@@ -135,18 +212,47 @@ class ServedProcess:
             with contextlib.suppress(OSError):
                 if http("GET", self.base + "/healthz", timeout=2).status == 200:
                     return
+            if self.process.poll() is not None:
+                break
             time.sleep(0.1)
         raise AssertionError("server not healthy:\n" + self.log())
 
-    def stop(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGTERM)
+
+class ServedMcp(Launched):
+    """`kandev-es mcp --http` on a free port; ``url`` is its /mcp endpoint."""
+
+    def __init__(self, settings: Settings, log_dir: Path, **extra_env: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/mcp"
+        args = ["mcp", "--http", "--host", "127.0.0.1", "--port", str(self.port)]
+        super().__init__(args, settings, _fresh_log(log_dir, f"mcp-{self.port}"), **extra_env)
         try:
-            self.process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=15)
+            self._wait_listening()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_listening(self) -> None:
+        deadline = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                break
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", self.port)) == 0:
+                    return
+            time.sleep(0.1)
+        raise AssertionError("mcp --http did not start listening:\n" + self.log())
+
+
+def _fresh_log(log_dir: Path, stem: str) -> Path:
+    """A log file no earlier process in this test wrote (a restart on the same port)."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    path = log_dir / f"{stem}.log"
+    index = 1
+    while path.exists():
+        path = log_dir / f"{stem}-{index}.log"
+        index += 1
+    return path
 
 
 def run_cli(settings: Settings, *args: str, **extra_env: str) -> subprocess.CompletedProcess[str]:

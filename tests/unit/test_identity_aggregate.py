@@ -8,12 +8,15 @@ events only, so every history must replay to the same state.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from eventsourcing.domain import Aggregate
+from eventsourcing.persistence import DatetimeAsISO, JSONTranscoder, Mapper, UUIDAsHex
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -213,7 +216,7 @@ def test_steps_are_recorded_while_preparing_and_refused_once_completing() -> Non
 def test_releasing_a_preparing_tenure_then_completing_gives_created_identity_lost() -> None:
     identity = new_identity()
     number = claim(identity)
-    identity.release(number, operation_id="op-1", reason="operator")
+    identity.release(number, operation_id="op-1", reason="operator", actor="token:test")
     assert identity.holder is None
     identity.begin_completing(number)
     outcome = identity.complete(number)
@@ -229,7 +232,7 @@ def test_after_release_a_new_claim_opens_tenure_two_while_tenure_one_can_still_c
     identity = new_identity()
     first_task, second_task = uuid.uuid4(), uuid.uuid4()
     first = claim(identity, owner="owner-a", task_id=first_task)
-    identity.release(first, operation_id="op-1", reason="operator")
+    identity.release(first, operation_id="op-1", reason="operator", actor="token:test")
     second = claim(identity, owner="owner-b", task_id=second_task)
     assert (first, second) == (1, 2)
     assert identity.holder is not None
@@ -254,7 +257,7 @@ def test_release_of_a_completed_tenure_frees_the_identity() -> None:
     number = claim(identity)
     identity.begin_completing(number)
     identity.complete(number)
-    identity.release(number, operation_id="op-1", reason="operator")
+    identity.release(number, operation_id="op-1", reason="operator", actor="token:test")
     assert identity.holder is None
     assert identity.tenure(number).outcome == OUTCOME_CREATED
     assert claim(identity, owner="owner-b") == 2
@@ -263,10 +266,10 @@ def test_release_of_a_completed_tenure_frees_the_identity() -> None:
 def test_release_of_an_already_released_tenure_is_refused() -> None:
     identity = new_identity()
     number = claim(identity)
-    identity.release(number, operation_id="op-1", reason="operator")
+    identity.release(number, operation_id="op-1", reason="operator", actor="token:test")
     version = identity.version
     with pytest.raises(DomainRuleBroken):
-        identity.release(number, operation_id="op-2", reason="operator")
+        identity.release(number, operation_id="op-2", reason="operator", actor="token:test")
     assert identity.version == version
     assert identity.tenure(number).release_operation_id == "op-1"
 
@@ -274,10 +277,10 @@ def test_release_of_an_already_released_tenure_is_refused() -> None:
 def test_release_of_a_superseded_tenure_never_affects_the_later_holder() -> None:
     identity = new_identity()
     first = claim(identity, owner="owner-a")
-    identity.release(first, operation_id="op-1", reason="operator")
+    identity.release(first, operation_id="op-1", reason="operator", actor="token:test")
     second = claim(identity, owner="owner-b")
     with pytest.raises(DomainRuleBroken):
-        identity.release(first, operation_id="op-1", reason="operator")
+        identity.release(first, operation_id="op-1", reason="operator", actor="token:test")
     assert identity.holder is not None
     assert identity.holder.number == second
     assert not identity.tenure(second).released
@@ -288,18 +291,45 @@ def test_release_of_a_completing_tenure_is_refused() -> None:
     number = claim(identity)
     identity.begin_completing(number)
     with pytest.raises(DomainRuleBroken):
-        identity.release(number, operation_id="op-1", reason="operator")
+        identity.release(number, operation_id="op-1", reason="operator", actor="token:test")
 
 
 def test_workspace_deletion_release_is_recorded_with_its_generation() -> None:
     identity = new_identity()
     number = claim(identity)
-    identity.release(number, "op-del", reason="workspace_deleted", deletion_generation=3)
+    identity.release(
+        number, "op-del", reason="workspace_deleted", deletion_generation=3, actor="token:x"
+    )
     (_registered, _claimed, released) = identity.collect_events()
     assert isinstance(released, Identity.Released)
     assert released.reason == "workspace_deleted"
     assert released.deletion_generation == 3
     assert released.tenure == number
+    assert released.actor == "token:x"
+    assert identity.tenure(number).released_by == "token:x"
+
+
+def test_released_event_stored_before_actor_existed_replays_with_none() -> None:
+    """An old Released (no actor in its stored state) replays; auditors see None."""
+    transcoder = JSONTranscoder()
+    transcoder.register(UUIDAsHex())
+    transcoder.register(DatetimeAsISO())
+    mapper: Mapper[uuid.UUID] = Mapper(transcoder=transcoder)
+    identity = new_identity()
+    number = claim(identity)
+    identity.release(number, "op-old", reason="operator", actor="token:new")
+    events = identity.collect_events()
+    stored = [mapper.to_stored_event(event) for event in events]
+    state = json.loads(stored[-1].state)
+    del state["actor"]
+    stored[-1] = dataclasses.replace(stored[-1], state=json.dumps(state).encode())
+    replayed: Identity | None = None
+    for item in stored:
+        event = mapper.to_domain_event(item)
+        replayed = event.mutate(replayed)  # type: ignore[attr-defined]
+    assert replayed is not None
+    assert replayed.tenure(number).released
+    assert replayed.tenure(number).released_by is None
 
 
 # ----- Identity: events and replay ------------------------------------------------------
@@ -307,7 +337,7 @@ def test_every_event_after_claimed_names_its_tenure() -> None:
     identity = new_identity()
     first = claim(identity)
     identity.record_step(first, "branch", "k", "succeeded", {})
-    identity.release(first, "op-1", "operator")
+    identity.release(first, "op-1", "operator", actor="token:test")
     second = claim(identity, owner="owner-b")
     identity.begin_completing(first)
     identity.complete(first)
@@ -350,7 +380,7 @@ def test_identity_lost_history_with_a_second_tenure_replays_to_the_same_state() 
     identity = new_identity()
     history: list[Aggregate.Event] = []
     first = claim(identity, owner="owner-a")
-    identity.release(first, "op-1", "operator")
+    identity.release(first, "op-1", "operator", actor="token:test")
     second = claim(identity, owner="owner-b")
     identity.begin_completing(first)
     identity.complete(first)
@@ -383,7 +413,7 @@ def test_any_sequence_of_allowed_commands_replays_to_the_same_state(
             elif command == "complete":
                 identity.complete(number)
             else:
-                identity.release(number, f"op-{index}", "operator")
+                identity.release(number, f"op-{index}", "operator", actor="token:test")
         except DomainRuleBroken:
             pass
         # Invariant: at most one tenure holds the identity at any time.
@@ -577,7 +607,7 @@ def test_valid_workspace_name_opens(name: str) -> None:
     workspace = Workspace.open(name, task_prefix="OPS1")
     assert workspace.name == name
     assert workspace.task_prefix == "OPS1"
-    assert workspace.first_step("default") == "backlog"
+    assert workspace.workflows["default"][0] == "backlog"
 
 
 def test_default_task_prefix_is_kan() -> None:

@@ -3,10 +3,12 @@ named function. No application object is built at import time."""
 
 from __future__ import annotations
 
-from flask import Flask, request
+import time
+
+from flask import Flask, Response, g, request
 from flask_smorest import Api
 
-from kandev_es import __version__
+from kandev_es import __version__, metrics
 from kandev_es.api import (
     agentctl,
     errors,
@@ -39,6 +41,7 @@ def create_app(
     api = _register_api(app)
     _register_blueprints(api)
     errors.register(app)
+    _instrument_requests(app)
     app.before_request(_check_query)
     if run_projections:
         services.projections.start_thread(settings.projection_poll_seconds)
@@ -90,6 +93,25 @@ def _register_blueprints(api: Api) -> None:
     api.register_blueprint(agentctl.blp)
 
 
+def _instrument_requests(app: Flask) -> None:
+    """Count every answer by method, URL rule and status, and time it to its
+    headers (a stream's body is not in its latency). Registered before the
+    other hooks so a request they refuse is counted too."""
+    metrics.instruments()  # made now, in this worker, so a scrape shows them at 0
+
+    @app.before_request
+    def _started() -> None:
+        g.metrics_started = time.perf_counter()
+
+    @app.after_request
+    def _answered(response: Response) -> Response:
+        started = g.get("metrics_started")
+        elapsed = time.perf_counter() - started if started is not None else 0.0
+        rule = request.url_rule.rule if request.url_rule is not None else None
+        metrics.record_request(request.method, rule, response.status_code, elapsed)
+        return response
+
+
 def _check_query() -> None:
     """Every route: a query string that is UTF-8, and an ``after`` cursor and
     ``Last-Event-ID`` in 0..2^63-1 (400, before any view or stream starts)."""
@@ -102,9 +124,7 @@ def _start_runtime(services: Services) -> None:
     """Recover creations whose owner died; the event store fences competing runtimes."""
     import threading
 
-    from kandev_es.runtime.recovery import Runtime
-
-    runtime = Runtime(services)
+    runtime = services.runtime()
     threading.Thread(
         target=runtime.run_forever,
         args=(max(1.0, services.settings.lease_seconds / 4),),

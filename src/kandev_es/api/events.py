@@ -14,9 +14,9 @@ from flask.views import MethodView
 from flask_smorest import Blueprint
 
 from kandev_es.api.context import path_uuid, principal, services
+from kandev_es.domain.principal import Principal
 from kandev_es.errors import WorkspaceNotFound
 from kandev_es.limits import MAX_CURSOR, parse_bounded, parse_cursor
-from kandev_es.services.auth import Principal
 from kandev_es.services.feeds import MAX_PAGE, MAX_STREAM_SECONDS, feed_page, sse_stream
 from kandev_es.services.stream_slots import HeldStream, StreamSlots
 

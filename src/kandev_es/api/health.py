@@ -8,6 +8,7 @@ from flask import Response
 from flask.views import MethodView
 from flask_smorest import Blueprint
 
+from kandev_es import metrics
 from kandev_es.api import schemas
 from kandev_es.api.context import services
 
@@ -50,19 +51,16 @@ class Readyz(MethodView):
 
 @blp.route("/metrics")
 class Metrics(MethodView):
-    @blp.doc(security=[])
+    @blp.doc(
+        security=[],
+        responses={
+            "200": {
+                "description": "Prometheus text exposition format 0.0.4",
+                "content": {"text/plain": {"schema": {"type": "string"}}},
+            }
+        },
+    )
     def get(self) -> Response:
-        svc = services()
-        lines = [
-            "# HELP kandev_creates_total Creates answered, by outcome.",
-            "# TYPE kandev_creates_total counter",
-        ]
-        for outcome, count in sorted(svc.creation.outcome_counts.items()):
-            lines.append(f'kandev_creates_total{{outcome="{outcome}"}} {count}')
-        lines += [
-            "# HELP kandev_projection_lag_events Events not yet applied, per projection.",
-            "# TYPE kandev_projection_lag_events gauge",
-        ]
-        for name, lag in sorted(svc.projections.lag().items()):
-            lines.append(f'kandev_projection_lag_events{{projection="{name}"}} {lag}')
-        return Response("\n".join(lines) + "\n", mimetype="text/plain; version=0.0.4")
+        """Prometheus text format, every worker's values added up (README: Metrics)."""
+        body = metrics.exposition(services().projections.lag)
+        return Response(body, content_type=metrics.CONTENT_TYPE)

@@ -18,7 +18,7 @@ from kandev_es.api import schemas
 from kandev_es.api.context import RUN_ID_HEADER, json_object, run_principal, services
 from kandev_es.creation.placement import parent_workspace
 from kandev_es.creation.request import CreateTaskRequestSchema
-from kandev_es.services.auth import Principal
+from kandev_es.domain.principal import Principal
 
 blp = Blueprint(
     "office", __name__, url_prefix="/api/v1/office/runtime", description="Office runtime"

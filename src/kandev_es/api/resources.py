@@ -12,8 +12,8 @@ from flask_smorest import Blueprint
 from marshmallow import Schema, fields, validate
 
 from kandev_es.api.context import json_object, path_uuid, principal, services
+from kandev_es.domain.principal import require_operator
 from kandev_es.errors import BadRequest, ValidationFailed, WorkspaceNotFound
-from kandev_es.services.auth import require_operator
 
 blp = Blueprint("resources", __name__, url_prefix="/api/v1", description="Workspace resources")
 

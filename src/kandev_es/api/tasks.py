@@ -10,6 +10,7 @@ from flask_smorest import Blueprint
 
 from kandev_es.api import schemas
 from kandev_es.api.context import (
+    create_principal,
     json_object,
     own_task_principal,
     path_uuid,
@@ -18,8 +19,8 @@ from kandev_es.api.context import (
 )
 from kandev_es.creation.request import CreateTaskRequestSchema
 from kandev_es.domain.external_id import normalize_external_id, require_external_id
+from kandev_es.domain.principal import require_operator
 from kandev_es.errors import TaskNotFound
-from kandev_es.services.auth import require_operator
 from kandev_es.views import task_dto
 
 blp = Blueprint("tasks", __name__, url_prefix="/api/v1", description="Tasks")
@@ -51,7 +52,7 @@ class TaskCreate(MethodView):
     @_document_errors(400, 404, 413, 422, 503)
     def post(self) -> dict[str, Any]:
         body = json_object()
-        result = services().creation.create(principal(), body)
+        result = services().creation.create(create_principal(), body)
         return result.to_response()
 
 
@@ -103,7 +104,10 @@ class TaskLookup(MethodView):
             raise TaskNotFound("task not found")
         require_operator(who, workspace)
         result = services().release.release(
-            workspace, request.args.get("external_id"), request.headers.get("Idempotency-Key")
+            workspace,
+            request.args.get("external_id"),
+            request.headers.get("Idempotency-Key"),
+            actor=who.actor,
         )
         headers = {"Idempotent-Replayed": "true" if result.replayed else "false"}
         if result.status != 200:

@@ -9,8 +9,8 @@ from flask_smorest import Blueprint
 
 from kandev_es.api import schemas
 from kandev_es.api.context import json_object, path_uuid, principal, services
+from kandev_es.domain.principal import Principal, require_operator
 from kandev_es.errors import BadRequest, ValidationFailed, WorkspaceNotFound
-from kandev_es.services.auth import Principal, require_operator
 from kandev_es.services.workspaces import workspace_dto
 
 blp = Blueprint("workspaces", __name__, url_prefix="/api/v1", description="Workspaces, tokens")
@@ -68,8 +68,8 @@ class WorkspaceItem(MethodView):
         target = path_uuid(workspace_id, "workspace id")
         if services().workspaces.get(target) is None:
             raise WorkspaceNotFound("workspace not found")
-        require_operator(principal(), target)
-        return services().workspace_deletion.delete(target)
+        who = require_operator(principal(), target)
+        return services().workspace_deletion.delete(target, actor=who.actor)
 
 
 @blp.route("/tokens")

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from kandev_es import metrics
 from kandev_es.application import Tasks, VersionConflict
 from kandev_es.config import Settings
 from kandev_es.creation import failpoints
@@ -19,17 +20,18 @@ from kandev_es.creation.steps.base import (
     STARTED,
     SUCCEEDED,
     UNKNOWN,
+    RunCredentials,
     Step,
     StepContext,
     StepFailed,
 )
 from kandev_es.creation.steps.registry import steps_for
+from kandev_es.domain import creation
 from kandev_es.domain.identity import (
     ABORTED,
     ABORTING,
     COMPLETED,
     COMPLETING,
-    OUTCOME_CREATED_IDENTITY_LOST,
     Identity,
     Tenure,
 )
@@ -71,9 +73,10 @@ class DriveOutcome:
 
 
 class CreationDriver:
-    def __init__(self, app: Tasks, settings: Settings) -> None:
+    def __init__(self, app: Tasks, settings: Settings, credentials: RunCredentials) -> None:
         self._app = app
         self._settings = settings
+        self._credentials = credentials
         self._lease = timedelta(seconds=settings.lease_seconds)
 
     def drive(self, identity_id: uuid.UUID, number: int, epoch: int) -> DriveOutcome:
@@ -85,7 +88,15 @@ class CreationDriver:
                 raise Fenced(f"tenure {number} is now at epoch {tenure.epoch}")
             if tenure.phase in (COMPLETED, ABORTED):
                 return DriveOutcome(identity, task, tenure, error)
-            ctx = StepContext(self._app, self._settings, identity_id, number, task.id, tenure.plan)
+            ctx = StepContext(
+                self._app,
+                self._settings,
+                identity_id,
+                number,
+                task.id,
+                tenure.plan,
+                self._credentials,
+            )
             try:
                 if tenure.phase == COMPLETING:
                     self._complete(identity, task, number)
@@ -120,6 +131,7 @@ class CreationDriver:
             lease_expires_at=datetime.now(UTC) + self._lease,
         )
         self._app.save_atomically(identity)
+        metrics.record_step(step, status)
 
     def _prepare(
         self, identity: Identity, task: Task, tenure: Tenure, ctx: StepContext
@@ -131,7 +143,7 @@ class CreationDriver:
             identity.begin_aborting(number, "workspace_deleted")
             self._app.save_atomically(identity)
             return WorkspaceDeleted("the workspace was deleted during creation")
-        steps = steps_for(tenure.plan)
+        steps = steps_for(tenure.plan)  # the steps it was claimed with
         for step in steps:
             status = tenure.steps.get(step.name, {}).get("status")
             if status == SUCCEEDED:
@@ -194,24 +206,10 @@ class CreationDriver:
         )
         identity.begin_aborting(number, error.code)
         self._app.save_atomically(identity)
-
-    @staticmethod
-    def settle_without_effects(identity: Identity, task: Task, number: int) -> str:
-        """For a plan with no steps: Completing and Completed applied to the
-        just-claimed, unsaved aggregates, so the caller saves claim and
-        completion in one transaction. Returns the tenure's outcome."""
-        assert not steps_for(identity.tenure(number).plan)
-        identity.begin_completing(number)
-        return CreationDriver._settle(identity, task, number)
-
-    @staticmethod
-    def _settle(identity: Identity, task: Task, number: int) -> str:
-        outcome = identity.complete(number)
-        task.activate(drop_external_id=outcome == OUTCOME_CREATED_IDENTITY_LOST)
-        return outcome
+        metrics.record_step(step, FAILED)
 
     def _complete(self, identity: Identity, task: Task, number: int) -> None:
-        outcome = self._settle(identity, task, number)
+        outcome = creation.complete(identity, task, number)
         self._app.save_atomically(identity, task)
         log.info("completed identity=%s tenure=%s outcome=%s", identity.id, number, outcome)
 

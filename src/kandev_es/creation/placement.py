@@ -7,10 +7,10 @@ from __future__ import annotations
 import uuid
 
 from kandev_es.application import Tasks
+from kandev_es.domain.principal import Principal
 from kandev_es.domain.task import Task
 from kandev_es.domain.workspace import Workspace
 from kandev_es.errors import UnknownReference
-from kandev_es.services.auth import Principal
 
 
 def parent_workspace(

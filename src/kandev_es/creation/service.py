@@ -8,30 +8,32 @@ import logging
 import os
 import socket
 import uuid
-from collections import Counter
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
 from typing import Any, TypeVar
 
+from kandev_es import metrics
 from kandev_es.application import Tasks, VersionConflict
 from kandev_es.config import Settings
 from kandev_es.creation import failpoints
 from kandev_es.creation.driver import CreationDriver, CreationHandedOver, Fenced
 from kandev_es.creation.handles import Handle, handle_hash, new_secret
 from kandev_es.creation.outcomes import CreateResult, Outcome
-from kandev_es.creation.plan import CreationPlan
 from kandev_es.creation.request import load_create_request
 from kandev_es.creation.steps.registry import plan_step_names
 from kandev_es.creation.steps.wip import CapacityExceeded
 from kandev_es.creation.validation import validate_against_workspace
+from kandev_es.domain import creation
 from kandev_es.domain.external_id import identity_id, normalize_external_id
 from kandev_es.domain.identity import ABORTED, OUTCOME_CREATED_IDENTITY_LOST, Identity
+from kandev_es.domain.plan import CreationPlan
+from kandev_es.domain.principal import Principal, Unconfirmed
 from kandev_es.domain.task import Task
 from kandev_es.domain.wip import WipLedger, wip_ledger_id
 from kandev_es.domain.workspace import Workspace
 from kandev_es.errors import Conflict, InvalidExternalId, TaskNotCreated, Unavailable
-from kandev_es.services.auth import Principal
 from kandev_es.storage.attestation import AttestationGuard
 from kandev_es.views import task_dto
 
@@ -42,44 +44,79 @@ DTO_CACHE_SIZE = 4096
 T = TypeVar("T")
 
 
+@dataclass(frozen=True)
+class _Claimed:
+    """A saved claim: whose tenure, its task, the caller's handle, and the
+    outcome when the claim's own save completed it (an inline plan)."""
+
+    identity_id: uuid.UUID
+    number: int
+    task: Task
+    handle: str
+    outcome: str | None
+
+
 class CreationService:
     def __init__(
         self,
         app: Tasks,
         attestation: AttestationGuard,
         settings: Settings,
+        driver: CreationDriver,
     ) -> None:
         self._app = app
         self._attestation = attestation
         self._lease = timedelta(seconds=settings.lease_seconds)
-        self._driver = CreationDriver(app, settings)
+        self._driver = driver
         self._settings = settings
         self._owner_prefix = f"{socket.gethostname()}:{os.getpid()}"
-        self.outcome_counts: Counter[str] = Counter()
         # The DTO of each recently answered task snapshot: snapshots are never
         # changed in place (see ReadCache), so the same object means the same
         # DTO, and a retry storm does not rebuild it for every answer.
         self._dtos: dict[uuid.UUID, tuple[Task, Mapping[str, Any]]] = {}
 
     # ----- the protocol ------------------------------------------------------
-    def create(self, principal: Principal | None, body: Mapping[str, Any]) -> CreateResult:
-        result = self._create(principal, body)
-        self.outcome_counts[result.outcome.value] += 1
+    def create(
+        self, principal: Principal | Unconfirmed | None, body: Mapping[str, Any]
+    ) -> CreateResult:
+        try:
+            result = self._create(principal, body)
+        except Exception as error:
+            metrics.record_creation_error(error)
+            raise
+        metrics.record_creation(result.outcome.value)
         return result
 
-    def _create(self, principal: Principal | None, body: Mapping[str, Any]) -> CreateResult:
+    def _create(
+        self, caller: Principal | Unconfirmed | None, body: Mapping[str, Any]
+    ) -> CreateResult:
+        # An Unconfirmed principal is confirmed by the first read below, in
+        # the same query; a refusal before that read (the workspace is not
+        # the token's) needs no read: a token's workspace never changes.
+        unconfirmed = caller if isinstance(caller, Unconfirmed) else None
+        principal = unconfirmed.principal if unconfirmed is not None else caller
+        assert not isinstance(principal, Unconfirmed)
         workspace_id = self._workspace_id(principal, body.get("workspace_id"))  # step 1
         assert principal is not None
+        token = [unconfirmed.token_id] if unconfirmed is not None else []
         try:
             external_id = normalize_external_id(body.get("external_id"))  # step 2
         except InvalidExternalId:
             # Authorization still answers first: read the workspace, then refuse.
-            self._authorized(self._app.read_many([workspace_id])[workspace_id])
+            reads = self._app.read_many([workspace_id, *token])
+            confirmed = self._confirmed(unconfirmed, reads)
+            if confirmed is not None and confirmed != principal:
+                return self._create(confirmed, body)  # the token changed: start over
+            self._authorized(reads[workspace_id])
             raise
         key = identity_id(workspace_id, external_id) if external_id is not None else None
-        # One query for the workspace, the identity and (a guess from the last
-        # read) its holder's task: a retry's whole Found is one round trip.
-        reads = self._app.read_many(self._lookup_ids(workspace_id, key))
+        # One query for the workspace, the identity, (a guess from the last
+        # read) its holder's task and the caller's token: a retry's whole
+        # Found is one round trip.
+        reads = self._app.read_many([*self._lookup_ids(workspace_id, key), *token])
+        confirmed = self._confirmed(unconfirmed, reads)
+        if confirmed is not None and confirmed != principal:
+            return self._create(confirmed, body)  # the token changed: start over
         workspace = self._authorized(reads[workspace_id])
         identity: Identity | None = None
         if key is not None:
@@ -100,8 +137,7 @@ class CreationService:
             **fields,
         )
         plan = dataclasses.replace(plan, steps=plan_step_names(plan.to_manifest()))
-        secret = new_secret()
-        return self._claim_and_finish(principal, plan, secret, identity, workspace)  # steps 6-9
+        return self._claim_and_settle(principal, plan, new_secret(), identity, workspace)
 
     def lookup(self, workspace_id: uuid.UUID, external_id: str) -> CreateResult | None:
         """Side-effect-free: what holds this identity right now, if anything."""
@@ -124,6 +160,19 @@ class CreationService:
         if workspace_id is None or not principal.may_act_on(workspace_id):
             raise TaskNotCreated("not authorized")
         return workspace_id
+
+    @staticmethod
+    def _confirmed(
+        unconfirmed: Unconfirmed | None, reads: Mapping[uuid.UUID, object]
+    ) -> Principal | None:
+        """None when there is nothing to confirm; the principal the token now
+        gives otherwise (refused -- TaskNotCreated, as for no token -- if none)."""
+        if unconfirmed is None:
+            return None
+        confirmed = unconfirmed.confirm(reads[unconfirmed.token_id])
+        if confirmed is None:
+            raise TaskNotCreated("not authorized")
+        return confirmed
 
     @staticmethod
     def _authorized(read: object) -> Workspace:
@@ -171,13 +220,48 @@ class CreationService:
         self._dtos[task.id] = (task, dto)
         return dto
 
-    def _admit(self, workspace_id: uuid.UUID, external_id: str | None) -> Workspace | CreateResult:
+    def _claim_and_settle(
+        self,
+        principal: Principal,
+        plan: CreationPlan,
+        secret: str,
+        read: Identity | None,
+        workspace: Workspace,
+    ) -> CreateResult:
+        # A plan without effects has nothing to prepare, prove or recover:
+        # it is claimed and completed in one transaction, which commits only
+        # if the workspace has not changed since admission (a deletion
+        # marked in between must not miss this task).
+        inline = not plan.steps
+        for attempt in range(CLAIM_ATTEMPTS):
+            first = attempt == 0
+            # On an inline plan's first attempt the workspace as the lookup
+            # read it is the admission: no WIP limit then (else the plan would
+            # reserve), and the guarded save commits only if it is unchanged.
+            admitted = workspace if inline and first else self._admit(plan)  # step 6
+            if isinstance(admitted, CreateResult):
+                return admitted
+            # The identity as read at the lookup, on the first attempt, when it
+            # had no events: nothing to load (a concurrent first claim loses
+            # at the version check and the next attempt loads).
+            identity = self._load_or_register(plan, fresh=first and read is None)
+            claimed = self._claim(  # step 7
+                principal, plan, secret, identity, admitted if inline else None
+            )
+            if claimed is None:
+                continue  # another create claimed first, or the workspace moved on
+            if isinstance(claimed, CreateResult):
+                return claimed
+            return self._settle(claimed)  # steps 8-9
+        raise Conflict("identity is contended; retry the create")
+
+    def _admit(self, plan: CreationPlan) -> Workspace | CreateResult:
         """Admission, the pre-insert re-read: the workspace must still accept
         creates (and have capacity). On refusal the identity is re-read first,
         so a holder still answers Found. Returns the workspace as read now."""
-        ids = [workspace_id, wip_ledger_id(workspace_id)]
+        ids = [plan.workspace_id, wip_ledger_id(plan.workspace_id)]
         reads = self._app.read_many(ids)
-        current = _as(reads[workspace_id], Workspace)
+        current = _as(reads[plan.workspace_id], Workspace)
         refusal: Exception | None = None
         if current is None or current.deleted:
             refusal = TaskNotCreated("workspace no longer accepts creates")
@@ -192,101 +276,62 @@ class CreationService:
         if refusal is None:
             assert current is not None
             return current
-        if external_id is not None:
-            found = self._lookup(workspace_id, external_id)
+        if plan.external_id is not None:
+            found = self._lookup(plan.workspace_id, plan.external_id)
             if found is not None:
                 return found
         raise refusal
 
-    def _claim_and_finish(
+    def _claim(
         self,
         principal: Principal,
         plan: CreationPlan,
         secret: str,
-        read: Identity | None,
-        workspace: Workspace,
-    ) -> CreateResult:
-        # A plan without effects has nothing to prepare, prove or recover:
-        # it is claimed and completed in one transaction, which commits only
-        # if the workspace has not changed since admission (a deletion
-        # marked in between must not miss this task).
-        inline = not plan.steps
-        for attempt in range(CLAIM_ATTEMPTS):
-            admitted: Workspace | CreateResult
-            if inline and attempt == 0:
-                # The workspace as the lookup read it is the admission: no WIP
-                # limit then (else the plan would reserve), and the guarded save
-                # commits only if the workspace is still that version.
-                admitted = workspace
-            else:
-                admitted = self._admit(plan.workspace_id, plan.external_id)  # step 6
-            if isinstance(admitted, CreateResult):
-                return admitted
-            # The identity as read at the lookup, on the first attempt, when it
-            # had no events: nothing to load (a concurrent first claim loses
-            # at the version check and the next attempt loads).
-            identity = self._load_or_register(plan, fresh=attempt == 0 and read is None)
-            found = self._found(identity)
-            if found is not None:
-                return found
-            task_id = uuid.uuid4()
-            tenure = identity.claim(  # step 7
-                task_id=task_id,
-                owner_id=f"{self._owner_prefix}:{uuid.uuid4()}",
-                actor=principal.actor,
-                plan=plan.to_manifest(),
-                plan_hash=plan.plan_hash,
-                lease_expires_at=datetime.now(UTC) + self._lease,
-                handle_hash=handle_hash(secret, principal.actor, plan.plan_hash),
-            )
-            task = Task.create(
-                task_id,
-                workspace_id=plan.workspace_id,
-                identity_id=identity.id,
-                identifier=plan.identifier,
-                external_id=plan.external_id,
-                title=plan.title,
-                description=plan.description,
-                workflow=plan.workflow,
-                workflow_step=plan.workflow_step,
-                parent_id=plan.parent_id,
-                repositories=plan.repositories,
-                attachments=plan.attachments,
-                start_agent=plan.start_agent,
-                agent_profile=plan.agent_profile,
-                created_by=principal.actor,
-            )
-            handle = str(Handle(identity.id, tenure.number, secret))
-            if inline:
-                outcome = self._driver.settle_without_effects(identity, task, tenure.number)
-            try:
-                self._app.save_atomically(
-                    identity, task, unchanged={admitted.id: admitted.version} if inline else None
-                )
-            except VersionConflict:
-                # The backstop: another create claimed first, or the workspace
-                # moved on. Re-read both.
-                continue
-            log.info(
-                "claimed workspace=%s identity=%s tenure=%s task=%s",
-                plan.workspace_id, identity.id, tenure.number, task_id,
-            )
-            failpoints.hit(self._settings, "claim:after")
-            if inline:
-                return CreateResult(_created(outcome), task_dto(task), handle)
-            return self._finish(identity.id, tenure.number, secret)  # steps 8-9
-        raise Conflict("identity is contended; retry the create")
-
-    def _load_or_register(self, plan: CreationPlan, fresh: bool) -> Identity:
-        if plan.external_id is None:
-            return Identity.register(uuid.uuid4(), plan.workspace_id, None)
-        key = identity_id(plan.workspace_id, plan.external_id)
-        existing = None if fresh else self._app.load(key, Identity)
-        return existing or Identity.register(key, plan.workspace_id, plan.external_id)
-
-    def _finish(self, identity_id: uuid.UUID, number: int, secret: str) -> CreateResult:
+        identity: Identity,
+        unchanged: Workspace | None,
+    ) -> _Claimed | CreateResult | None:
+        """The claim (Claimed + Task.Created, one save): Found if the identity
+        is held, None if the save lost a version check. With ``unchanged``
+        (an inline plan) the save also completes the creation, and commits
+        only if that workspace is still at the version admitted."""
+        found = self._found(identity)
+        if found is not None:
+            return found
+        number, task = creation.claim(
+            identity,
+            plan,
+            task_id=uuid.uuid4(),
+            owner_id=f"{self._owner_prefix}:{uuid.uuid4()}",
+            actor=principal.actor,
+            lease_expires_at=datetime.now(UTC) + self._lease,
+            handle_hash=handle_hash(secret, principal.actor, plan.plan_hash),
+        )
+        outcome = None
+        if unchanged is not None:
+            outcome = creation.complete_without_effects(identity, task, number)
         try:
-            done = self._driver.drive(identity_id, number, epoch=0)
+            self._app.save_atomically(
+                identity,
+                task,
+                unchanged={unchanged.id: unchanged.version} if unchanged is not None else None,
+            )
+        except VersionConflict:
+            return None
+        log.info(
+            "claimed workspace=%s identity=%s tenure=%s task=%s",
+            plan.workspace_id, identity.id, number, task.id,
+        )
+        failpoints.hit(self._settings, "claim:after")
+        handle = str(Handle(identity.id, number, secret))
+        return _Claimed(identity.id, number, task, handle, outcome)
+
+    def _settle(self, claimed: _Claimed) -> CreateResult:
+        """Drive a claimed creation to its end (steps 8-9) and answer. An
+        inline plan settled in its claim: only the answer is left."""
+        if claimed.outcome is not None:
+            return CreateResult(_created(claimed.outcome), task_dto(claimed.task), claimed.handle)
+        try:
+            done = self._driver.drive(claimed.identity_id, claimed.number, epoch=0)
         except Fenced:
             raise CreationHandedOver(
                 "this creation was taken over by the recovery runtime; retry the create"
@@ -295,11 +340,14 @@ class CreationService:
             if done.error is not None:
                 raise done.error
             raise Conflict("the creation was aborted")
-        return CreateResult(
-            _created(done.tenure.outcome),
-            task_dto(done.task),
-            str(Handle(identity_id, number, secret)),
-        )
+        return CreateResult(_created(done.tenure.outcome), task_dto(done.task), claimed.handle)
+
+    def _load_or_register(self, plan: CreationPlan, fresh: bool) -> Identity:
+        if plan.external_id is None:
+            return Identity.register(uuid.uuid4(), plan.workspace_id, None)
+        key = identity_id(plan.workspace_id, plan.external_id)
+        existing = None if fresh else self._app.load(key, Identity)
+        return existing or Identity.register(key, plan.workspace_id, plan.external_id)
 
 
 def _created(tenure_outcome: str | None) -> Outcome:

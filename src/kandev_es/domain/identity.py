@@ -43,6 +43,7 @@ class Tenure:
     phase: str = PREPARING
     released: bool = False
     release_operation_id: str | None = None
+    released_by: str | None = None
     deletion_generation: int | None = None
     outcome: str | None = None
     steps: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -182,8 +183,16 @@ class Identity(Aggregate):
         return outcome
 
     def release(
-        self, tenure: int, operation_id: str, reason: str, deletion_generation: int | None = None
+        self,
+        tenure: int,
+        operation_id: str,
+        reason: str,
+        deletion_generation: int | None = None,
+        *,
+        actor: str,
     ) -> None:
+        """``actor`` names who released (a principal's ``token:<id>``, or ``cli``),
+        never a secret."""
         current = self.tenure(tenure)
         if not current.holds:
             raise DomainRuleBroken("tenure no longer holds the identity")
@@ -196,9 +205,12 @@ class Identity(Aggregate):
             operation_id=operation_id,
             reason=reason,
             deletion_generation=deletion_generation,
+            actor=actor,
         )
 
-    def record_workspace_deletion(self, tenure: int, operation_id: str, generation: int) -> None:
+    def record_workspace_deletion(
+        self, tenure: int, operation_id: str, generation: int, *, actor: str
+    ) -> None:
         """Workspace deletion reaches this tenure: release it if it still holds;
         if an operator released it first (say while it was preparing), record the
         generation on its own, so every tenure the deletion took out carries it."""
@@ -206,7 +218,7 @@ class Identity(Aggregate):
         if current.deletion_generation is not None:
             return
         if current.holds:
-            self.release(tenure, operation_id, "workspace_deleted", generation)
+            self.release(tenure, operation_id, "workspace_deleted", generation, actor=actor)
             return
         self.trigger_event(
             self.WorkspaceDeletionRecorded,
@@ -304,11 +316,15 @@ class Identity(Aggregate):
         operation_id: str
         reason: str
         deletion_generation: int | None
+        # Who released. Defaulted so events stored before it existed replay
+        # (an auditor sees "unknown").
+        actor: str | None = None
 
         def apply(self, aggregate: Identity) -> None:
             tenure = aggregate.tenures[self.tenure]
             tenure.released = True
             tenure.release_operation_id = self.operation_id
+            tenure.released_by = self.actor
             if self.deletion_generation is not None:
                 tenure.deletion_generation = self.deletion_generation
 

@@ -8,6 +8,8 @@ import uuid
 
 from eventsourcing.domain import Aggregate, event
 
+from kandev_es.domain.errors import DomainRuleBroken
+
 TOKEN_NAMESPACE = uuid.UUID("a3e1c6d2-7b94-4f08-8d2e-61c9b5f0e4a7")
 
 
@@ -24,6 +26,10 @@ def run_token_id_for(run_id: str) -> uuid.UUID:
     revoke it without knowing the secret, and a workspace-token lookup by hash
     never finds it."""
     return uuid.uuid5(TOKEN_NAMESPACE, f"run:{run_id}")
+
+
+class RunCredentialRevoked(DomainRuleBroken):
+    """The run's credential was revoked (the run ended); it is never reissued."""
 
 
 class ApiToken(Aggregate):

@@ -61,9 +61,6 @@ class Workspace(Aggregate):
             workflows=DEFAULT_WORKFLOWS,
         )
 
-    def first_step(self, workflow: str) -> str:
-        return self.workflows[workflow][0]
-
     def register_repository(self, name: str, path: str) -> None:
         if name in self.repositories:
             raise DomainRuleBroken(f"repository {name!r} is already registered")

@@ -11,10 +11,10 @@ from marshmallow import RAISE, Schema, ValidationError, fields, validate
 
 from kandev_es.bootstrap import Services
 from kandev_es.creation import placement
+from kandev_es.domain.principal import Principal
 from kandev_es.errors import BadRequest, TaskNotFound, ValidationFailed
 from kandev_es.limits import MAX_CURSOR
 from kandev_es.mcp import tools
-from kandev_es.services.auth import Principal
 from kandev_es.views import task_dto
 
 Handler = Callable[[Services, Principal | None, Mapping[str, Any]], dict[str, Any]]

@@ -12,12 +12,14 @@ import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from kandev_es.application import VersionConflict
-from kandev_es.bootstrap import Services
+from kandev_es import metrics
+from kandev_es.application import Tasks, VersionConflict
 from kandev_es.creation.driver import CreationDriver, Fenced
 from kandev_es.domain.errors import DomainRuleBroken
 from kandev_es.domain.identity import Identity
 from kandev_es.errors import StoreUnavailable
+from kandev_es.projections.runner import ProjectionRunner
+from kandev_es.storage.database import Database
 
 log = logging.getLogger("kandev_es.runtime")
 
@@ -31,16 +33,29 @@ class Recovery:
 
 
 class Runtime:
-    def __init__(self, services: Services, owner_id: str | None = None) -> None:
-        self._services = services
-        self._driver = CreationDriver(services.app, services.settings)
-        self._lease = timedelta(seconds=services.settings.lease_seconds)
+    """Its parts are handed in (``Services.runtime`` in bootstrap wires them):
+    the runtime knows nothing of the composition root."""
+
+    def __init__(
+        self,
+        app: Tasks,
+        database: Database,
+        projections: ProjectionRunner,
+        driver: CreationDriver,
+        lease_seconds: float,
+        owner_id: str | None = None,
+    ) -> None:
+        self._app = app
+        self._database = database
+        self._projections = projections
+        self._driver = driver
+        self._lease = timedelta(seconds=lease_seconds)
         self.owner_id = owner_id or f"runtime:{socket.gethostname()}:{os.getpid()}"
         self._stop = threading.Event()
 
     def expired_candidates(self, now: datetime) -> list[tuple[uuid.UUID, int]]:
-        self._services.projections.catch_up()
-        with self._services.database.transaction() as tx:
+        self._projections.catch_up()
+        with self._database.transaction() as tx:
             rows = tx.execute(
                 "SELECT identity_id, tenure FROM creations_view WHERE lease_expires_at < ?"
                 " ORDER BY lease_expires_at",
@@ -59,7 +74,7 @@ class Runtime:
         return done
 
     def _take_over(self, identity_id: uuid.UUID, number: int, now: datetime) -> Recovery | None:
-        identity = self._services.app.load(identity_id, Identity)
+        identity = self._app.load(identity_id, Identity)
         if identity is None:
             return None
         tenure = identity.tenure(number)
@@ -68,14 +83,16 @@ class Runtime:
             return None
         try:
             epoch = identity.recover(number, self.owner_id, now + self._lease)
-            self._services.app.save_atomically(identity)
+            self._app.save_atomically(identity)
         except (VersionConflict, DomainRuleBroken):
             return None  # another runtime, or the owner, got there first
         log.info("recovering identity=%s tenure=%s epoch=%s", identity_id, number, epoch)
         try:
             outcome = self._driver.drive(identity_id, number, epoch)
         except Fenced:
+            metrics.record_recovery("fenced")
             return None  # a later runtime took over from us in turn
+        metrics.record_recovery(outcome.tenure.phase)
         log.info(
             "recovered identity=%s tenure=%s phase=%s", identity_id, number, outcome.tenure.phase
         )

@@ -5,15 +5,21 @@ from __future__ import annotations
 import hmac
 import secrets
 import uuid
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from eventsourcing.utils import get_topic
 
-from kandev_es.application import Tasks, VersionConflict
-from kandev_es.domain.token import ApiToken, hash_token, run_token_id_for, token_id_for
-from kandev_es.errors import Conflict, OperatorRequired, TokenNotFound, WorkspaceNotFound
+from kandev_es.application import Tasks
+from kandev_es.domain.principal import MEMBER, ROLES, Principal, Unconfirmed, principal_of
+from kandev_es.domain.token import (
+    ApiToken,
+    RunCredentialRevoked,
+    hash_token,
+    run_token_id_for,
+    token_id_for,
+)
+from kandev_es.errors import TokenNotFound
 
 TOKEN_PREFIX = "kes_"
 
@@ -23,48 +29,6 @@ def bearer_of(authorization: str) -> str | None:
     transport (REST, Office, MCP over HTTP); another scheme or none is None."""
     scheme, _, secret = authorization.partition(" ")
     return (secret.strip() or None) if scheme.lower() == "bearer" else None
-
-
-@dataclass(frozen=True)
-class Principal:
-    token_id: uuid.UUID
-    admin: bool
-    workspace_id: uuid.UUID | None
-    # Set only for a run credential (issued at agent launch): the run it is bound
-    # to and the task that run belongs to. Workspace and admin tokens: None.
-    run_id: str | None = None
-    task_id: uuid.UUID | None = None
-    role: str = "member"
-
-    @property
-    def actor(self) -> str:
-        return f"token:{self.token_id}"
-
-    def may_act_on(self, workspace_id: uuid.UUID) -> bool:
-        return self.admin or self.workspace_id == workspace_id
-
-    def is_operator_of(self, workspace_id: uuid.UUID) -> bool:
-        return self.admin or (self.role == OPERATOR and self.workspace_id == workspace_id)
-
-
-MEMBER, OPERATOR = "member", "operator"
-ROLES = (MEMBER, OPERATOR)
-
-
-def require_member(principal: Principal | None, workspace_id: uuid.UUID) -> Principal:
-    """The principal if it may act on the workspace; else the route's usual 404."""
-    if principal is None or not principal.may_act_on(workspace_id):
-        raise WorkspaceNotFound("workspace not found")
-    return principal
-
-
-def require_operator(principal: Principal | None, workspace_id: uuid.UUID) -> Principal:
-    """A member of the workspace that is not its operator gets 403
-    operator_required; anyone else learns nothing (404)."""
-    found = require_member(principal, workspace_id)
-    if not found.is_operator_of(workspace_id):
-        raise OperatorRequired("this needs an operator token of the workspace")
-    return found
 
 
 DEFAULT_RUN_TOKEN_TTL = 24 * 3600.0
@@ -84,10 +48,6 @@ def token_dto(token: ApiToken) -> dict[str, Any]:
     }
 
 
-class RunCredentialRevoked(Exception):
-    """The run's credential was revoked (the run ended); it is never reissued."""
-
-
 class TokenService:
     def __init__(self, app: Tasks, run_token_ttl: float = DEFAULT_RUN_TOKEN_TTL) -> None:
         self._app = app
@@ -101,7 +61,7 @@ class TokenService:
         label: str = "",
         run_id: str | None = None,
         task_id: uuid.UUID | None = None,
-        role: str = OPERATOR,
+        role: str = MEMBER,
     ) -> tuple[str, Principal]:
         if admin == (workspace_id is not None):
             raise ValueError("a token is either admin or bound to exactly one workspace")
@@ -126,20 +86,37 @@ class TokenService:
         self._app.save_atomically(token)
         return secret, Principal(token.id, admin, workspace_id, run_id, task_id, token.role)
 
+    def issue_run(self, workspace_id: uuid.UUID, run_id: str, task_id: uuid.UUID) -> str:
+        """The secret of a run credential for an agent launch (the creation
+        steps' RunCredentials); RunCredentialRevoked once the run has ended."""
+        secret, _ = self.issue(
+            workspace_id=workspace_id,
+            admin=False,
+            label=f"run:{run_id}",
+            run_id=run_id,
+            task_id=task_id,
+        )
+        return secret
+
     def authenticate(self, secret: str | None) -> Principal | None:
         if not secret or not secret.startswith(TOKEN_PREFIX) or len(secret) > 200:
             return None
         token_hash = hash_token(secret)
-        token = self._app.load(token_id_for(token_hash), ApiToken)
-        # A run credential is no principal off the run routes (authenticate_run).
-        if token is None or token.revoked or token.run_id is not None:
+        # A shared snapshot caught up by one query for the events after it (no
+        # decoding, no copy when nothing changed): still a read of the store on
+        # every request, so a revocation by any process refuses the next one.
+        return principal_of(self._app.read(token_id_for(token_hash), ApiToken), token_hash)
+
+    def authenticate_unconfirmed(self, secret: str | None) -> Principal | Unconfirmed | None:
+        """Without a query when this process has read the token before (an
+        ``Unconfirmed`` its caller must confirm); otherwise ``authenticate``."""
+        if not secret or not secret.startswith(TOKEN_PREFIX) or len(secret) > 200:
             return None
-        # The id already derives from the hash; compare anyway, in constant time.
-        if not hmac.compare_digest(token.token_hash, token_hash):
-            return None
-        return Principal(
-            token.id, token.admin, token.workspace_id, token.run_id, token.task_id, token.role
-        )
+        token_hash = hash_token(secret)
+        known = principal_of(self._app.snapshot(token_id_for(token_hash), ApiToken), token_hash)
+        if known is None:  # never read here, or refused then: ask the store now
+            return self.authenticate(secret)
+        return Unconfirmed(known, token_hash)
 
     def authenticate_run(self, secret: str | None, run_id: str | None) -> Principal | None:
         """A run credential plus the run id it is bound to (``X-Kandev-Run-Id``).
@@ -149,7 +126,7 @@ class TokenService:
             return None
         if not run_id or len(run_id) > 200:
             return None
-        token = self._app.load(run_token_id_for(run_id), ApiToken)
+        token = self._app.read(run_token_id_for(run_id), ApiToken)
         if token is None or token.revoked or token.run_id != run_id:
             return None
         if not hmac.compare_digest(token.token_hash, hash_token(secret)):
@@ -161,17 +138,18 @@ class TokenService:
 
     def revoke_run(self, run_id: str, reason: str) -> bool:
         """Revoke the run's credential (idempotent); True if this call revoked it."""
-        for _ in range(8):
-            token = self._app.load(run_token_id_for(run_id), ApiToken)
+
+        def revoke(token: ApiToken | None) -> bool:
             if token is None or token.revoked:
                 return False
             token.revoke(reason)
-            try:
-                self._app.save_atomically(token)
-            except VersionConflict:
-                continue
             return True
-        return False
+
+        return self._app.retry_on_conflict(
+            lambda: self._app.load(run_token_id_for(run_id), ApiToken),
+            revoke,
+            contended="the run credential keeps changing; retry",
+        )
 
     def list_tokens(self) -> list[dict[str, Any]]:
         """Every token ever issued (run credentials too), oldest first."""
@@ -181,17 +159,17 @@ class TokenService:
 
     def revoke(self, token_id: uuid.UUID, reason: str = "revoked") -> dict[str, Any]:
         """Revoke any token by id; revoking a revoked token changes nothing.
-        It is refused from its next request: authenticate loads it afresh."""
-        for _ in range(8):
-            token = self._app.load(token_id, ApiToken)
+        It is refused from its next request: authenticate reads it afresh."""
+
+        def revoke(token: ApiToken | None) -> dict[str, Any]:
             if token is None:
                 raise TokenNotFound("token not found")
-            if token.revoked:
-                return token_dto(token)
-            token.revoke(reason)
-            try:
-                self._app.save_atomically(token)
-            except VersionConflict:
-                continue
+            if not token.revoked:
+                token.revoke(reason)
             return token_dto(token)
-        raise Conflict("the token keeps changing; retry")
+
+        return self._app.retry_on_conflict(
+            lambda: self._app.load(token_id, ApiToken),
+            revoke,
+            contended="the token keeps changing; retry",
+        )

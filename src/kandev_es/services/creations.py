@@ -8,8 +8,8 @@ from typing import Any
 from kandev_es.application import Tasks
 from kandev_es.creation.handles import matches, parse_handle
 from kandev_es.domain.identity import Identity
+from kandev_es.domain.principal import Principal
 from kandev_es.errors import NotFound
-from kandev_es.services.auth import Principal
 
 
 class CreationNotFound(NotFound):

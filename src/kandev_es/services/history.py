@@ -97,7 +97,12 @@ def _describe(entry: dict[str, Any]) -> str:
     if kind == "Released":
         generation = entry.get("deletion_generation")
         extra = f", deletion generation {generation}" if generation is not None else ""
-        return f"RELEASED, operation {entry['operation_id']}, reason {entry['reason']}{extra}"
+        # Released events stored before the actor existed carry none.
+        actor = entry.get("actor") or "unknown"
+        return (
+            f"RELEASED, operation {entry['operation_id']}, reason {entry['reason']}{extra},"
+            f" by {actor}"
+        )
     if kind == "WorkspaceDeletionRecorded":
         return (
             f"workspace deleted, generation {entry['generation']},"

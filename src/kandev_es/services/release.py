@@ -57,8 +57,15 @@ class ReleaseService:
         self._attestation = attestation
 
     def release(
-        self, workspace_id: uuid.UUID, raw_external_id: object, raw_operation_id: str | None
+        self,
+        workspace_id: uuid.UUID,
+        raw_external_id: object,
+        raw_operation_id: str | None,
+        *,
+        actor: str,
     ) -> ReleaseResult:
+        """``actor`` (who releases: ``token:<id>``, or ``cli``) is recorded on
+        the Released event for auditors; a replay keeps the first one."""
         operation_id = validate_operation_id(raw_operation_id)
         external_id = require_external_id(raw_external_id)
         self._attestation.require()
@@ -69,7 +76,7 @@ class ReleaseService:
             if stored is not None:
                 return self._replay(stored, external_id)
             try:
-                return self._first_attempt(workspace_id, external_id, operation_id)
+                return self._first_attempt(workspace_id, external_id, operation_id, actor)
             except VersionConflict:
                 continue  # a concurrent replay or create: read again, replay first
         raise Conflict("release is contended; retry with the same Idempotency-Key")
@@ -84,7 +91,7 @@ class ReleaseService:
         return ReleaseResult(stored.status, dict(stored.result), replayed=True)
 
     def _first_attempt(
-        self, workspace_id: uuid.UUID, external_id: str, operation_id: str
+        self, workspace_id: uuid.UUID, external_id: str, operation_id: str, actor: str
     ) -> ReleaseResult:
         identity = self._app.load(identity_id(workspace_id, external_id), Identity)
         holder = identity.holder if identity else None
@@ -101,7 +108,7 @@ class ReleaseService:
             )
         task = self._app.load(holder.task_id, Task)
         assert task is not None
-        identity.release(holder.number, operation_id, "operator")
+        identity.release(holder.number, operation_id, "operator", actor=actor)
         changed: list[Any] = [identity]
         if holder.phase == COMPLETED:
             # One immutable task.updated comes from this event (revision + 1).

@@ -9,6 +9,7 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator
 
+from kandev_es import metrics
 from kandev_es.errors import StreamLimitReached
 
 
@@ -23,17 +24,20 @@ class StreamSlots:
     def take(self, token_id: uuid.UUID) -> None:
         with self._lock:
             if self._open >= self._per_process:
+                metrics.stream_refused("process")
                 raise StreamLimitReached(
                     "this server holds its maximum of open streams; retry later",
                     limit=self._per_process,
                 )
             if self._by_token[token_id] >= self._per_token:
+                metrics.stream_refused("token")
                 raise StreamLimitReached(
                     "this token holds its maximum of open streams; close one or retry later",
                     limit=self._per_token,
                 )
             self._open += 1
             self._by_token[token_id] += 1
+        metrics.stream_opened()
 
     def give_back(self, token_id: uuid.UUID) -> None:
         with self._lock:
@@ -41,6 +45,7 @@ class StreamSlots:
             self._by_token[token_id] -= 1
             if self._by_token[token_id] <= 0:
                 del self._by_token[token_id]
+        metrics.stream_closed()
 
 
 class HeldStream:

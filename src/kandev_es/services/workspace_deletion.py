@@ -28,22 +28,28 @@ ATTEMPTS = 16
 
 class WorkspaceDeletionService:
     def __init__(
-        self, app: Tasks, database: Database, projections: ProjectionRunner, settings: Settings
+        self,
+        app: Tasks,
+        database: Database,
+        projections: ProjectionRunner,
+        settings: Settings,
+        driver: CreationDriver,
     ) -> None:
         self._app = app
         self._database = database
         self._projections = projections
-        self._driver = CreationDriver(app, settings)
+        self._driver = driver
         self._lease = timedelta(seconds=settings.lease_seconds)
 
-    def delete(self, workspace_id: uuid.UUID) -> dict[str, Any]:
+    def delete(self, workspace_id: uuid.UUID, *, actor: str) -> dict[str, Any]:
+        """``actor`` (who deletes) goes on every Released event this records."""
         generation = self._mark_deleted(workspace_id)
         # Every task written before the mark is in the read model after this.
         self._projections.catch_up()
         removed = 0
         tokens = TokenService(self._app)
         for task_id in self._task_ids(workspace_id):
-            removed += self._clear(task_id, generation)
+            removed += self._clear(task_id, generation, actor)
             tokens.revoke_run(str(session_id_for(task_id)), "workspace_deleted")
         return {
             "workspace_id": str(workspace_id),
@@ -52,17 +58,15 @@ class WorkspaceDeletionService:
         }
 
     def _mark_deleted(self, workspace_id: uuid.UUID) -> int:
-        for _ in range(ATTEMPTS):
-            workspace = self._app.load(workspace_id, Workspace)
+        def delete(workspace: Workspace | None) -> int:
             if workspace is None or workspace.deleted:
                 raise WorkspaceNotFound("workspace not found")
-            generation = workspace.delete()
-            try:
-                self._app.save_atomically(workspace)
-            except VersionConflict:
-                continue
-            return generation
-        raise Conflict("workspace is contended; retry")
+            return workspace.delete()
+
+        return self._app.retry_on_conflict(
+            lambda: self._app.load(workspace_id, Workspace), delete,
+            contended="workspace is contended; retry",
+        )
 
     def _task_ids(self, workspace_id: uuid.UUID) -> list[uuid.UUID]:
         key: Any = workspace_id if self._database.backend == "postgres" else str(workspace_id)
@@ -70,7 +74,7 @@ class WorkspaceDeletionService:
             rows = tx.execute("SELECT task_id FROM tasks_view WHERE workspace_id = ?", (key,))
         return [uuid.UUID(str(row[0])) for row in rows]
 
-    def _clear(self, task_id: uuid.UUID, generation: int) -> int:
+    def _clear(self, task_id: uuid.UUID, generation: int, actor: str) -> int:
         operation = f"workspace-delete:{generation}"
         fenced = False
         for _ in range(ATTEMPTS):
@@ -83,11 +87,13 @@ class WorkspaceDeletionService:
             tenure = next(t for t in identity.tenures.values() if t.task_id == task_id)
             try:
                 if tenure.in_flight:
-                    self._fence_and_settle(identity, tenure.number, operation, generation)
+                    self._fence_and_settle(identity, tenure.number, operation, generation, actor)
                     fenced = True
                     continue  # re-read: it is settled now
                 if tenure.phase == COMPLETED and tenure.holds:
-                    identity.release(tenure.number, operation, "workspace_deleted", generation)
+                    identity.release(
+                        tenure.number, operation, "workspace_deleted", generation, actor=actor
+                    )
                 task.delete()
                 self._app.save_atomically(identity, task)
                 return 1
@@ -96,13 +102,13 @@ class WorkspaceDeletionService:
         raise Conflict("workspace deletion is contended; retry")
 
     def _fence_and_settle(
-        self, identity: Identity, number: int, operation: str, generation: int
+        self, identity: Identity, number: int, operation: str, generation: int, actor: str
     ) -> None:
         tenure = identity.tenure(number)
         epoch = identity.recover(number, operation, datetime.now(UTC) + self._lease)
         if tenure.phase == PREPARING:
             # Also when an operator already released it: the generation is recorded.
-            identity.record_workspace_deletion(number, operation, generation)
+            identity.record_workspace_deletion(number, operation, generation, actor=actor)
         self._app.save_atomically(identity)
         # Preparing aborts (the workspace is deleted); completing completes. If
         # someone newer acts on it instead, the next pass re-reads.

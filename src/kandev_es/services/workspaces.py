@@ -6,9 +6,9 @@ import uuid
 
 from kandev_es.application import Tasks, VersionConflict
 from kandev_es.domain.errors import DomainRuleBroken
+from kandev_es.domain.principal import Principal
 from kandev_es.domain.workspace import Workspace, workspace_id_for
 from kandev_es.errors import BadRequest, Conflict, WorkspaceExists, WorkspaceNotFound
-from kandev_es.services.auth import Principal
 from kandev_es.storage.counters import ensure_counter
 from kandev_es.storage.database import Database
 
@@ -76,20 +76,18 @@ class WorkspaceService:
         return found
 
     def set_wip_limit(self, workspace_id: uuid.UUID, limit: int | None) -> Workspace:
-        for _ in range(8):
-            workspace = self.get(workspace_id)
+        def set_limit(workspace: Workspace | None) -> Workspace:
             if workspace is None:
                 raise WorkspaceNotFound("workspace not found")
             try:
                 workspace.set_wip_limit(limit)
             except DomainRuleBroken as error:
                 raise BadRequest(str(error)) from None
-            try:
-                self._app.save_atomically(workspace)
-            except VersionConflict:
-                continue
             return workspace
-        raise Conflict("workspace is contended; retry")
+
+        return self._app.retry_on_conflict(
+            lambda: self.get(workspace_id), set_limit, contended="workspace is contended; retry"
+        )
 
     def get_by_name(self, name: str) -> Workspace | None:
         return self._live(name)

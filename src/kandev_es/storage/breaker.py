@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from kandev_es import metrics
 from kandev_es.errors import StoreUnavailable
 
 log = logging.getLogger("kandev_es.store")
@@ -74,6 +75,7 @@ class StoreBreaker:
                 return
             if self._open_since is not None:
                 log.warning("database back after %.1fs", self._clock() - self._open_since)
+                metrics.breaker_closed()
             self._open_since = None
             self._probing = False
 
@@ -83,6 +85,7 @@ class StoreBreaker:
             if self._open_since is None:
                 log.warning("database unavailable, failing fast: %s", reason)
                 self._open_since = now
+                metrics.breaker_opened()
             self._next_probe = now + self._interval
             self._probing = False
             self._reason = reason

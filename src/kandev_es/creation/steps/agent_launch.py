@@ -15,10 +15,10 @@ from typing import Any
 from kandev_es.agent.processes import processes_for_run, stop_run
 from kandev_es.application import Tasks
 from kandev_es.config import agent_environment, data_path
-from kandev_es.creation.steps.base import StepContext, StepFailed
+from kandev_es.creation.steps.base import RunCredentials, StepContext, StepFailed
 from kandev_es.domain.agent_session import session_id_for
+from kandev_es.domain.token import RunCredentialRevoked
 from kandev_es.errors import KandevError
-from kandev_es.services.auth import RunCredentialRevoked, TokenService
 
 log = logging.getLogger(__name__)
 
@@ -28,13 +28,15 @@ class AgentLaunchFailed(KandevError):
     code = "agent_launch_failed"
 
 
-def _reap(process: subprocess.Popen[bytes], app: Tasks, run_id: str) -> None:
+def _reap(
+    process: subprocess.Popen[bytes], app: Tasks, credentials: RunCredentials, run_id: str
+) -> None:
     process.wait()
     with app.unless_closed() as usable:
         if not usable:  # shutting down: the expiry ends the credential
             return
         try:
-            TokenService(app).revoke_run(run_id, "agent_exited")
+            credentials.revoke_run(run_id, "agent_exited")
         except Exception:  # store down: the expiry still bounds the credential
             log.warning("could not revoke the run credential of %s", run_id, exc_info=True)
 
@@ -59,15 +61,8 @@ class AgentLaunchStep:
         if existing is not None:
             return existing
         run_id = self._run_id(ctx)
-        tokens = TokenService(ctx.app)
         try:
-            secret, _ = tokens.issue(
-                workspace_id=ctx.workspace_id,
-                admin=False,
-                label=f"run:{run_id}",
-                run_id=run_id,
-                task_id=ctx.task_id,
-            )
+            secret = ctx.credentials.issue_run(ctx.workspace_id, run_id, ctx.task_id)
         except RunCredentialRevoked:
             raise StepFailed(AgentLaunchFailed("the run has already ended")) from None
         cwd = self._cwd(ctx)
@@ -95,11 +90,12 @@ class AgentLaunchStep:
                     start_new_session=True,
                 )
         except OSError as error:
-            tokens.revoke_run(run_id, "launch_failed")
+            ctx.credentials.revoke_run(run_id, "launch_failed")
             raise StepFailed(AgentLaunchFailed(f"agent command failed to start: {error}")) from None
         # Reap it when it exits, so a finished agent never lingers as a zombie,
         # and end its run credential with it.
-        threading.Thread(target=_reap, args=(process, ctx.app, run_id), daemon=True).start()
+        reaper_args = (process, ctx.app, ctx.credentials, run_id)
+        threading.Thread(target=_reap, args=reaper_args, daemon=True).start()
         evidence = {
             "pid": process.pid,
             "run_id": run_id,
@@ -126,7 +122,7 @@ class AgentLaunchStep:
 
     def compensate(self, ctx: StepContext) -> None:
         stop_run(self._run_id(ctx))
-        TokenService(ctx.app).revoke_run(self._run_id(ctx), "creation_aborted")
+        ctx.credentials.revoke_run(self._run_id(ctx), "creation_aborted")
         self._pidfile(ctx).unlink(missing_ok=True)
 
     def absent(self, ctx: StepContext) -> bool:

@@ -17,6 +17,19 @@ UNKNOWN = "unknown"
 COMPENSATED = "compensated"
 
 
+class RunCredentials(Protocol):
+    """What agent launch needs of the token service, injected by bootstrap so
+    creation never imports the service layer above it."""
+
+    def issue_run(self, workspace_id: uuid.UUID, run_id: str, task_id: uuid.UUID) -> str:
+        """A fresh secret bound to the run; RunCredentialRevoked once it has ended."""
+        ...
+
+    def revoke_run(self, run_id: str, reason: str) -> bool:
+        """End the run's credential (idempotent)."""
+        ...
+
+
 @dataclass(frozen=True)
 class StepContext:
     app: Tasks
@@ -25,6 +38,7 @@ class StepContext:
     tenure: int
     task_id: uuid.UUID
     manifest: dict[str, Any]
+    credentials: RunCredentials
 
     @property
     def workspace_id(self) -> uuid.UUID:
@@ -63,24 +77,7 @@ class Step(Protocol):
         ...
 
 
-def save_with_retry(app: Tasks, load: Any, change: Any, attempts: int = 16) -> Any:
-    """Load an aggregate, apply ``change`` and save; re-read on a version clash."""
-    from kandev_es.application import VersionConflict
-
-    for _ in range(attempts):
-        aggregate = load()
-        change(aggregate)
-        if not aggregate.pending_events:
-            return aggregate
-        try:
-            app.save_atomically(aggregate)
-        except VersionConflict:
-            continue
-        return aggregate
-    raise StepFailed(_contended())
-
-
-def _contended() -> KandevError:
-    from kandev_es.errors import Conflict
-
-    return Conflict("a shared record stayed contended; retry the create")
+# WIP ledgers, attachments and sessions are shared by concurrent creations:
+# their read-modify-save (``Tasks.retry_on_conflict``) gets more attempts.
+SHARED_ATTEMPTS = 16
+SHARED_CONTENDED = "a shared record stayed contended; retry the create"

@@ -1,5 +1,6 @@
 """The CreationPlan: the validated request, as stored durably in Claimed. A
-recovering Runtime acts from this manifest alone."""
+recovering Runtime acts from this manifest alone. A value object: building it,
+hashing it and its manifest need no I/O."""
 
 from __future__ import annotations
 

@@ -1,0 +1,72 @@
+"""A creation in terms of the aggregates: what a claim and a completion change,
+from the plan alone. No I/O: the caller loads and saves; both aggregates of a
+claim (and of a completion) go in one save."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+
+from kandev_es.domain.errors import DomainRuleBroken
+from kandev_es.domain.identity import OUTCOME_CREATED_IDENTITY_LOST, Identity
+from kandev_es.domain.plan import CreationPlan
+from kandev_es.domain.task import Task
+
+
+def claim(
+    identity: Identity,
+    plan: CreationPlan,
+    *,
+    task_id: uuid.UUID,
+    owner_id: str,
+    actor: str,
+    lease_expires_at: datetime,
+    handle_hash: str,
+) -> tuple[int, Task]:
+    """A new tenure of ``identity`` for the plan, and the preparing Task it
+    creates; returns the tenure's number and the task (both unsaved)."""
+    tenure = identity.claim(
+        task_id=task_id,
+        owner_id=owner_id,
+        actor=actor,
+        plan=plan.to_manifest(),
+        plan_hash=plan.plan_hash,
+        lease_expires_at=lease_expires_at,
+        handle_hash=handle_hash,
+    )
+    task = Task.create(
+        task_id,
+        workspace_id=plan.workspace_id,
+        identity_id=identity.id,
+        identifier=plan.identifier,
+        external_id=plan.external_id,
+        title=plan.title,
+        description=plan.description,
+        workflow=plan.workflow,
+        workflow_step=plan.workflow_step,
+        parent_id=plan.parent_id,
+        repositories=plan.repositories,
+        attachments=plan.attachments,
+        start_agent=plan.start_agent,
+        agent_profile=plan.agent_profile,
+        created_by=actor,
+    )
+    return tenure.number, task
+
+
+def complete(identity: Identity, task: Task, number: int) -> str:
+    """A completing tenure becomes Completed and its task active. A tenure
+    released while it prepared completes as identity-lost: its task keeps no
+    external ID. Returns the tenure's outcome."""
+    outcome = identity.complete(number)
+    task.activate(drop_external_id=outcome == OUTCOME_CREATED_IDENTITY_LOST)
+    return outcome
+
+
+def complete_without_effects(identity: Identity, task: Task, number: int) -> str:
+    """A plan with no steps has nothing to prepare or prove: Completing and
+    Completed at once, so the claim and its completion can share one save."""
+    if identity.tenure(number).plan["steps"]:
+        raise DomainRuleBroken("a plan with steps completes only once they are proven")
+    identity.begin_completing(number)
+    return complete(identity, task, number)

@@ -1,0 +1,87 @@
+"""Who acts: the principal a bearer token authenticates as, and what it may act
+on. A value shared by every layer above the domain (creation, services, the
+adapters), so it lives here rather than with the token service."""
+
+from __future__ import annotations
+
+import hmac
+import uuid
+from dataclasses import dataclass, field
+
+from kandev_es.domain.token import ApiToken
+from kandev_es.errors import OperatorRequired, WorkspaceNotFound
+
+MEMBER, OPERATOR = "member", "operator"
+ROLES = (MEMBER, OPERATOR)
+
+
+@dataclass(frozen=True)
+class Principal:
+    token_id: uuid.UUID
+    admin: bool
+    workspace_id: uuid.UUID | None
+    # Set only for a run credential (issued at agent launch): the run it is bound
+    # to and the task that run belongs to. Workspace and admin tokens: None.
+    run_id: str | None = None
+    task_id: uuid.UUID | None = None
+    role: str = MEMBER
+
+    @property
+    def actor(self) -> str:
+        return f"token:{self.token_id}"
+
+    def may_act_on(self, workspace_id: uuid.UUID) -> bool:
+        return self.admin or self.workspace_id == workspace_id
+
+    def is_operator_of(self, workspace_id: uuid.UUID) -> bool:
+        return self.admin or (self.role == OPERATOR and self.workspace_id == workspace_id)
+
+
+def principal_of(token: object, token_hash: str) -> Principal | None:
+    """The principal a bearer token (``token``, read by the id its hash
+    derives) authenticates as: None if missing, revoked, or a run credential
+    (no principal off the run routes, see ``TokenService.authenticate_run``)."""
+    if not isinstance(token, ApiToken) or token.revoked or token.run_id is not None:
+        return None
+    # The id already derives from the hash; compare anyway, in constant time.
+    if not hmac.compare_digest(token.token_hash, token_hash):
+        return None
+    return Principal(
+        token.id, token.admin, token.workspace_id, token.run_id, token.task_id, token.role
+    )
+
+
+@dataclass(frozen=True)
+class Unconfirmed:
+    """A bearer token's principal as this process last read the token, not yet
+    checked against the store. Whoever takes one reads ``token_id`` in its own
+    first query and acts only on what ``confirm`` makes of that fresh read: so
+    a create pays one round trip, not two, and a revocation by any process is
+    still refused on the very next request."""
+
+    principal: Principal
+    token_hash: str = field(repr=False)
+
+    @property
+    def token_id(self) -> uuid.UUID:
+        return self.principal.token_id
+
+    def confirm(self, token: object) -> Principal | None:
+        """The principal as ``token`` (just read from the store) now says."""
+        return principal_of(token, self.token_hash)
+
+
+def require_member(principal: Principal | None, workspace_id: uuid.UUID) -> Principal:
+    """The principal if it may act on the workspace; else the route's usual 404."""
+    if principal is None or not principal.may_act_on(workspace_id):
+        raise WorkspaceNotFound("workspace not found")
+    return principal
+
+
+def require_operator(principal: Principal | None, workspace_id: uuid.UUID) -> Principal:
+    """A member of the workspace that is not its operator gets 403
+    operator_required; anyone else learns nothing (404)."""
+    found = require_member(principal, workspace_id)
+    if not found.is_operator_of(workspace_id):
+        raise OperatorRequired("this needs an operator token of the workspace")
+    return found

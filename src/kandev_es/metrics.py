@@ -1,0 +1,259 @@
+"""What an operator scrapes at ``/metrics`` (README: Metrics), kept with
+prometheus_client: one set of instruments per process, recorded from one place
+each (the request hooks, the create protocol, the step driver, the stream slots,
+the store breaker, the Runtime).
+
+Under gunicorn every worker writes its values to files in a directory shared for
+one run (the library's multiprocess mode: ``config.metrics_dir``, wiped and
+named by the master's ``on_starting`` before any worker forks), so a scrape
+answered by any worker adds up all of them, including workers that have since
+died. prometheus_client picks its mode when it is first imported, so it is
+imported here only when the instruments are first made, never at module import.
+Outside a multi-process server (``create_app`` in a test, a one-shot command)
+the process answers for itself.
+
+Labels are bounded: the URL rule (not the path), a known method, the status,
+outcome names, error class names, step kinds. Never an id, a token or a name
+someone outside chose.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kandev_es import config
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+    from prometheus_client.metrics_core import Metric
+
+log = logging.getLogger("kandev_es.metrics")
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+CREATION_OUTCOMES = ("created", "found_settled", "found_unsettled", "created_identity_lost")
+UNMATCHED_ROUTE = "unmatched"
+
+
+@dataclass(frozen=True)
+class Instruments:
+    registry: CollectorRegistry
+    requests: Counter
+    request_seconds: Histogram
+    creations: Counter
+    creation_errors: Counter
+    steps: Counter
+    streams_open: Gauge
+    stream_refusals: Counter
+    breaker_open: Gauge
+    breaker_openings: Counter
+    recoveries: Counter
+
+
+_lock = threading.Lock()
+_instruments: Instruments | None = None
+
+
+def instruments() -> Instruments:
+    """This process's instruments, made on first use."""
+    global _instruments
+    if _instruments is None:
+        with _lock:
+            if _instruments is None:
+                _instruments = _make()
+    return _instruments
+
+
+def _make() -> Instruments:
+    from prometheus_client import (
+        CollectorRegistry,
+        Counter,
+        Gauge,
+        Histogram,
+        disable_created_metrics,
+        values,
+    )
+
+    if config.multiprocess_metrics_dir() is not None and values.ValueClass is values.MutexValue:
+        # Imported before the directory was named: every worker would count alone.
+        raise RuntimeError(
+            "prometheus_client was imported before PROMETHEUS_MULTIPROC_DIR was set"
+        )
+    # The *_created series say nothing here and multiprocess mode has none.
+    disable_created_metrics()  # type: ignore[no-untyped-call]
+    registry = CollectorRegistry(auto_describe=True)
+    made = Instruments(
+        registry=registry,
+        requests=Counter(
+            "kandev_http_requests", "HTTP requests answered, by method, URL rule and status.",
+            ["method", "route", "status"], registry=registry,
+        ),
+        request_seconds=Histogram(
+            "kandev_http_request_duration_seconds",
+            "Seconds from request to response headers, by method and URL rule.",
+            ["method", "route"], registry=registry,
+        ),
+        creations=Counter(
+            "kandev_creations", "Creates answered with an outcome, by outcome.",
+            ["outcome"], registry=registry,
+        ),
+        creation_errors=Counter(
+            "kandev_creation_errors", "Creates answered with an error, by error type.",
+            ["error"], registry=registry,
+        ),
+        steps=Counter(
+            "kandev_creation_steps", "Creation step records written, by step kind and result.",
+            ["kind", "result"], registry=registry,
+        ),
+        streams_open=Gauge(
+            "kandev_streams_open", "Open event streams (SSE slots held), all workers.",
+            registry=registry, multiprocess_mode="livesum",
+        ),
+        stream_refusals=Counter(
+            "kandev_stream_refusals", "Event streams refused at a cap, by which cap.",
+            ["limit"], registry=registry,
+        ),
+        breaker_open=Gauge(
+            "kandev_store_breaker_open",
+            "1 while a worker's store breaker fails fast (database unreachable), else 0.",
+            registry=registry, multiprocess_mode="livemax",
+        ),
+        breaker_openings=Counter(
+            "kandev_store_breaker_openings", "Times a store breaker opened.",
+            registry=registry,
+        ),
+        recoveries=Counter(
+            "kandev_runtime_recoveries",
+            "Creations the recovery Runtime took over, by how they ended.",
+            ["result"], registry=registry,
+        ),
+    )
+    for outcome in CREATION_OUTCOMES:
+        made.creations.labels(outcome)  # present at 0 before the first create
+    made.breaker_open.set(0)
+    return made
+
+
+# ----- recording, one call per place --------------------------------------
+def record_request(method: str, route: str | None, status: int, seconds: float) -> None:
+    known = method if method in HTTP_METHODS else "OTHER"
+    rule = route or UNMATCHED_ROUTE
+    made = instruments()
+    made.requests.labels(known, rule, str(status)).inc()
+    made.request_seconds.labels(known, rule).observe(seconds)
+
+
+def record_creation(outcome: str) -> None:
+    instruments().creations.labels(outcome).inc()
+
+
+def record_creation_error(error: BaseException) -> None:
+    instruments().creation_errors.labels(type(error).__name__).inc()
+
+
+def record_step(step_name: str, result: str) -> None:
+    # "repository:<name>", "attachment:<sha>": the kind only, never the name.
+    instruments().steps.labels(step_name.split(":", 1)[0], result).inc()
+
+
+def stream_opened() -> None:
+    instruments().streams_open.inc()
+
+
+def stream_closed() -> None:
+    instruments().streams_open.dec()
+
+
+def stream_refused(limit: str) -> None:
+    instruments().stream_refusals.labels(limit).inc()
+
+
+def breaker_opened() -> None:
+    made = instruments()
+    made.breaker_open.set(1)
+    made.breaker_openings.inc()
+
+
+def breaker_closed() -> None:
+    instruments().breaker_open.set(0)
+
+
+def record_recovery(result: str) -> None:
+    instruments().recoveries.labels(result).inc()
+
+
+# ----- the gunicorn master ------------------------------------------------
+def start_multiprocess(settings: config.Settings) -> Path:
+    """In the master before any worker forks: a fresh directory for this run
+    (values left by an earlier run would be added to this one's), named in the
+    environment the workers inherit."""
+    directory = config.metrics_dir(settings)
+    directory.mkdir(parents=True, exist_ok=True)
+    for stale in directory.glob("*.db"):
+        stale.unlink(missing_ok=True)
+    config.export_multiprocess_metrics_dir(directory)
+    return directory
+
+
+def worker_exited(pid: int) -> None:
+    """gunicorn's child_exit: a dead worker's live gauges (open streams, breaker)
+    stop counting; its counters and histograms stay in the totals."""
+    directory = config.multiprocess_metrics_dir()
+    if directory is None:
+        return
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(pid, str(directory))  # type: ignore[no-untyped-call]
+
+
+# ----- the scrape ---------------------------------------------------------
+def exposition(projection_lag: Callable[[], Mapping[str, int]]) -> bytes:
+    """The text format for every worker's values, plus the projection lag read
+    from the database now (the same answer whichever worker scrapes)."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    made = instruments()
+    directory = config.multiprocess_metrics_dir()
+    scrape = CollectorRegistry(auto_describe=False)
+    if directory is not None:
+        MultiProcessCollector(scrape, path=str(directory))  # type: ignore[no-untyped-call]
+    else:
+        scrape.register(_Forward(made.registry))
+    scrape.register(_ProjectionLag(projection_lag))
+    return generate_latest(scrape)
+
+
+class _Forward:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+
+    def collect(self) -> Iterable[Metric]:
+        return self._registry.collect()
+
+
+class _ProjectionLag:
+    def __init__(self, lag: Callable[[], Mapping[str, int]]) -> None:
+        self._lag = lag
+
+    def collect(self) -> Iterator[Metric]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        try:
+            lags: Mapping[str, Any] = self._lag()
+        except Exception as error:  # the store is down: scrape the rest, say so in the log
+            log.warning("projection lag not scraped: %s", error)
+            return
+        family = GaugeMetricFamily(
+            "kandev_projection_lag_events",
+            "Events not yet applied, per projection (read from the store at scrape).",
+            labels=["projection"],
+        )
+        for name, lag in sorted(lags.items()):
+            family.add_metric([name], lag)
+        yield family
