@@ -3,6 +3,9 @@ immutable external_id, archive keeps the identity, delete frees it."""
 
 from __future__ import annotations
 
+import uuid
+
+from kandev_es.bootstrap import bootstrap
 from tests.conftest import bearer
 from tests.integration.helpers import create, start_unsettled_creation
 
@@ -30,6 +33,28 @@ def test_patch_edits_fields_and_bumps_revision(client, member):
     # A retry of the original create still finds the (edited) task; it never patches.
     retry = create(client, secret, external_id="P-1", title="old")
     assert retry.json["title"] == "new"
+
+
+def test_a_found_answers_the_task_as_it_is_now_after_an_edit_elsewhere(
+    client, services, settings, member
+):
+    """Found answers are built once per task snapshot and replayed: an edit,
+    here committed by another process on the same store, shows in the very
+    next retry, and until then every retry gets the same bytes."""
+    principal, secret = member
+    task = create(client, secret, external_id="P-9", title="old").json
+    first, second = (create(client, secret, external_id="P-9", title="old") for _ in range(2))
+    assert first.json["outcome"] == "found_settled" and first.json["revision"] == 1
+    assert first.get_data() == second.get_data()
+    elsewhere = bootstrap(settings.with_overrides(create_tables=False))
+    try:
+        elsewhere.tasks.patch(principal, uuid.UUID(task["id"]), {"title": "new"})
+    finally:
+        elsewhere.close()
+    retry = create(client, secret, external_id="P-9", title="old")
+    assert retry.json["outcome"] == "found_settled"
+    assert (retry.json["title"], retry.json["revision"]) == ("new", 2)
+    assert retry.json["updated_at"] != first.json["updated_at"]
 
 
 def test_external_id_is_immutable(client, services, member):
