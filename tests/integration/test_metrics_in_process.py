@@ -6,12 +6,15 @@ between two scrapes. Both backends."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import uuid
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kandev_es import metrics
+from kandev_es import config, metrics
 from kandev_es.api import create_app
 from kandev_es.bootstrap import Services
 from kandev_es.errors import StreamLimitReached
@@ -132,3 +135,29 @@ def test_stream_slots_move_the_open_gauge_and_count_refusals():
     slots.give_back(token)
     slots.give_back(other)
     assert total(scrape_now(), "kandev_streams_open") == total(before, "kandev_streams_open")
+
+
+TOO_EARLY = """
+import logging, sys
+from pathlib import Path
+import prometheus_client  # imported before the directory is named (as preload_app would)
+from kandev_es import config, metrics
+logging.basicConfig(stream=sys.stderr)
+config.export_multiprocess_metrics_dir(Path(sys.argv[1]))
+metrics.record_creation("created")
+print(metrics.exposition(dict).decode())
+"""
+
+
+def test_prometheus_imported_too_early_answers_for_its_process_and_says_so(tmp_path):
+    directory = tmp_path / "metrics"
+    directory.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-c", TOO_EARLY, str(directory)],
+        capture_output=True, text=True, timeout=60, check=False,
+        env={k: v for k, v in os.environ.items() if k != config.METRICS_DIR_VARIABLE},
+    )
+    assert done.returncode == 0, done.stderr
+    assert "metrics are per worker" in done.stderr
+    assert total(parse(done.stdout), "kandev_creations_total", outcome="created") == 1
+    assert not list(directory.iterdir())  # nothing pretended to be shared
