@@ -146,6 +146,7 @@ def test_a_person_sees_each_tenure_release_actor_task_and_hostile_text_as_text(
     log = server.stderr_path.read_text(errors="replace")
     assert "/audit/identities" in log, "the page requests were logged"
     assert secret not in log, "the link's secret never reaches the log"
+    assert "audit_link=[redacted]" in log, "the access line is there, blanked"
 
 
 def test_an_expired_link_and_a_link_for_another_identity_are_refused(settings, server, chromium):

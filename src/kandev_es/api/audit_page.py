@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from flask import Blueprint, Response, render_template, request
 from flask.typing import ResponseReturnValue
 
-from kandev_es.api.context import bearer_secret, principal, services
+from kandev_es.api.context import principal, services
 from kandev_es.domain.external_id import require_external_id
 from kandev_es.errors import BadRequest, IdentityNotFound, KandevError, OperatorRequired
 from kandev_es.services.audit_links import LINK_PARAMETER
@@ -54,7 +54,7 @@ def _authorize(workspace_id: uuid.UUID, external_id: str) -> None:
     link = request.args.get(LINK_PARAMETER)
     if link is not None and services().audit_links.permits(link, workspace_id, external_id):
         return
-    who = principal() if bearer_secret() is not None else None
+    who = principal()
     if who is None or not who.may_act_on(workspace_id):
         raise IdentityNotFound("identity not found")
     if not who.is_operator_of(workspace_id):
