@@ -18,6 +18,7 @@ from kandev_es.domain.wip import WipLedger, wip_ledger_id
 from kandev_es.domain.workspace import Workspace
 from kandev_es.errors import (
     Conflict,
+    CreationInProgress,
     ExternalIdImmutable,
     OperatorRequired,
     RevisionMismatch,
@@ -29,12 +30,6 @@ from kandev_es.storage.database import Database
 from kandev_es.views import task_dto
 
 EDIT_ATTEMPTS = 8
-
-
-class CreationInProgress(Conflict):
-    """Callers never repair, edit or delete a task whose creation is unsettled."""
-
-    code = "creation_in_progress"
 
 
 class TaskPatchSchema(Schema):

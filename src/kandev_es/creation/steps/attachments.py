@@ -7,11 +7,7 @@ from typing import Any
 from kandev_es.creation.steps.base import StepContext, StepFailed, save_with_retry
 from kandev_es.domain.attachment import Attachment, attachment_id_for
 from kandev_es.domain.errors import DomainRuleBroken
-from kandev_es.errors import Conflict, UnknownReference
-
-
-class AttachmentClaimed(Conflict):
-    code = "attachment_claimed"
+from kandev_es.errors import AttachmentClaimed, UnknownReference
 
 
 class AttachmentClaimStep:

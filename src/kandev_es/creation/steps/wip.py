@@ -6,11 +6,7 @@ from typing import Any
 
 from kandev_es.creation.steps.base import StepContext, StepFailed, save_with_retry
 from kandev_es.domain.wip import CapacityExhausted, WipLedger, wip_ledger_id
-from kandev_es.errors import Conflict
-
-
-class CapacityExceeded(Conflict):
-    code = "capacity_exhausted"
+from kandev_es.errors import CapacityExceeded
 
 
 class WipReservationStep:
