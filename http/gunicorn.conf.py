@@ -65,6 +65,8 @@ keepalive = 5
 control_socket_disable = True
 
 accesslog = "-"  # access log on stdout
+# Audit links carry a secret in the query string: the access log blanks it.
+logger_class = "kandev_es.access_log.RedactingLogger"
 errorlog = "-"  # gunicorn's own log on stderr
 loglevel = (os.environ.get("KANDEV_LOG_LEVEL") or "info").lower()
 

@@ -87,8 +87,17 @@ def workspace(services: Services) -> Any:
 
 @pytest.fixture
 def member(services: Services, workspace: Any) -> Any:
-    """A workspace-scoped principal and its bearer secret."""
+    """A member of the workspace (the default role) and its bearer secret."""
     secret, principal = services.tokens.issue(workspace_id=workspace.id, admin=False)
+    return principal, secret
+
+
+@pytest.fixture
+def operator(services: Services, workspace: Any) -> Any:
+    """An operator of the workspace (release, repositories, policy, deletion)."""
+    secret, principal = services.tokens.issue(
+        workspace_id=workspace.id, admin=False, role="operator"
+    )
     return principal, secret
 
 

@@ -6,7 +6,7 @@ import copy
 import logging
 import threading
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, TypeVar, cast
 
@@ -15,7 +15,7 @@ from eventsourcing.domain import Aggregate
 from eventsourcing.persistence import IntegrityError, OperationalError, StoredEvent
 
 from kandev_es.config import Settings
-from kandev_es.errors import InternalError, StoreUnavailable
+from kandev_es.errors import Contended, InternalError, StoreUnavailable
 from kandev_es.storage.breaker import StoreBreaker, means_unreachable
 from kandev_es.storage.database import parse_postgres_url
 from kandev_es.storage.sqlite_factory import SQLITE_FACTORY_TOPIC
@@ -23,6 +23,8 @@ from kandev_es.storage.sqlite_recorder import SQLITE_RECORDER_TOPIC
 from kandev_es.storage.streams import StreamsAdvanced
 
 A = TypeVar("A", bound=Aggregate)
+L = TypeVar("L")
+R = TypeVar("R")
 log = logging.getLogger("kandev_es.store")
 
 
@@ -32,31 +34,61 @@ class VersionConflict(InternalError):
 
 
 READ_CACHE_SIZE = 20000
+THREAD_COPIES = 512
+CONFLICT_ATTEMPTS = 8
 
 
 class ReadCache:
-    """Snapshots for ``Tasks.read_many``. An entry is never changed in place:
-    catching up copies it, applies the new events and swaps the copy in, so a
-    reader holding the old snapshot never sees half an event. Lookups take no
-    lock (a dict read is atomic); the oldest entry goes first when full (a hot
-    aggregate evicted is only read once more from its stream)."""
+    """Snapshots for ``Tasks.read_many``, shared by the process's threads but
+    never handed out. A snapshot is never changed in place: catching up copies
+    it, applies the new events and swaps the copy in. Each thread gets its own
+    copy of a snapshot, made the first time it reads that version and reused
+    while the version stays current — so two threads never hold one object
+    (a command called on a read by mistake cannot tear another thread's read),
+    and a retry storm still pays one copy per thread and version, not per read.
+    Lookups take no lock (a dict read is atomic); the oldest entry goes first
+    when full (a hot aggregate evicted is only read once more from its stream)."""
 
-    def __init__(self, maxsize: int = READ_CACHE_SIZE) -> None:
+    def __init__(self, maxsize: int = READ_CACHE_SIZE, per_thread: int = THREAD_COPIES) -> None:
         self._maxsize = maxsize
+        self._per_thread = per_thread
         self._items: dict[uuid.UUID, Aggregate] = {}
         self._lock = threading.Lock()
+        self._local = threading.local()
 
     def get(self, key: uuid.UUID) -> Aggregate | None:
+        """The shared snapshot itself: for its version and catch-up copies only."""
         return self._items.get(key)
 
-    def put(self, key: uuid.UUID, aggregate: Aggregate) -> None:
+    def put(self, key: uuid.UUID, aggregate: Aggregate) -> bool:
+        """Share ``aggregate`` (its caller lets go of it); False when a
+        concurrent reader already stored a newer snapshot."""
         with self._lock:
             current = self._items.get(key)
             if current is not None and current.version > aggregate.version:
-                return  # a concurrent reader already stored a newer snapshot
+                return False
             self._items[key] = aggregate
             while len(self._items) > self._maxsize:
                 del self._items[next(iter(self._items))]
+            return True
+
+    def handout(self, key: uuid.UUID, shared: Aggregate) -> Aggregate:
+        """This thread's own copy of the shared snapshot ``shared``."""
+        copies: dict[uuid.UUID, tuple[Aggregate, Aggregate]] | None = getattr(
+            self._local, "copies", None
+        )
+        if copies is None:
+            copies = self._local.copies = {}
+        held = copies.get(key)
+        # A command called on the copy moved its version on: copy afresh.
+        if held is not None and held[0] is shared and held[1].version == shared.version:
+            return held[1]
+        own = copy.deepcopy(shared)
+        copies.pop(key, None)
+        copies[key] = (shared, own)
+        while len(copies) > self._per_thread:
+            del copies[next(iter(copies))]
+        return own
 
 
 # Recently used aggregates stay in memory and are fast-forwarded with the events
@@ -183,8 +215,8 @@ class Tasks(Application):  # type: ignore[type-arg]
         return aggregate
 
     def read(self, aggregate_id: uuid.UUID, kind: type[A]) -> A | None:
-        """Like ``load`` but without a copy: a shared, current snapshot (see
-        ``read_many``) — for reads only, never call a command on it."""
+        """Like ``load`` but without a copy per call: this thread's copy of a
+        current snapshot (see ``read_many``) — for reads only."""
         aggregate = self.read_many([aggregate_id])[aggregate_id]
         return aggregate if isinstance(aggregate, kind) else None
 
@@ -192,31 +224,34 @@ class Tasks(Application):  # type: ignore[type-arg]
         """The current state of several aggregates, for reads only, caught up
         in ONE query: the events after each cached snapshot's version (after
         version 0 for one not cached). Every id is a key of the answer; an
-        aggregate with no events maps to None."""
+        aggregate with no events maps to None. Each answer is this thread's
+        own object (``ReadCache.handout``), never one another thread holds."""
         wanted = ids if isinstance(ids, list) else list(ids)
         if len(wanted) > 1 and len(set(wanted)) < len(wanted):
             wanted = list(dict.fromkeys(wanted))
-        snapshots = [self._snapshots.get(key) for key in wanted]
+        cache = self._snapshots
+        snapshots = [cache.get(key) for key in wanted]
         since = [
             (key, snapshot.version if snapshot is not None else 0)
             for key, snapshot in zip(wanted, snapshots, strict=True)
         ]
         with self._store_call():
             stored = cast(Any, self.recorder).select_streams(since)
-        answer: dict[uuid.UUID, Aggregate | None] = dict(zip(wanted, snapshots, strict=True))
-        if not stored:  # the common case: nothing new since the last read
-            return answer
         newer: dict[uuid.UUID, list[StoredEvent]] = {}
         for event in stored:
             newer.setdefault(cast(uuid.UUID, event.originator_id), []).append(event)
-        for key, events in newer.items():
-            snapshot = answer[key]
+        answer: dict[uuid.UUID, Aggregate | None] = {}
+        for key, snapshot in zip(wanted, snapshots, strict=True):
+            events = newer.get(key)
+            if events is None:  # the common case: nothing new since the last read
+                answer[key] = cache.handout(key, snapshot) if snapshot is not None else None
+                continue
             aggregate: Any = copy.deepcopy(snapshot) if snapshot is not None else None
             for event in events:
                 aggregate = cast(Any, self.mapper.to_domain_event(event)).mutate(aggregate)
-            if aggregate is not None:
-                self._snapshots.put(key, aggregate)
-            answer[key] = aggregate
+            if aggregate is not None and cache.put(key, aggregate):
+                aggregate = cache.handout(key, aggregate)
+            answer[key] = aggregate  # else never shared: this thread's alone
         return answer
 
     def next_office_number(self, workspace_id: uuid.UUID) -> int:
@@ -226,9 +261,12 @@ class Tasks(Application):  # type: ignore[type-arg]
 
     def snapshot(self, aggregate_id: uuid.UUID, kind: type[A]) -> A | None:
         """The last state ``read_many`` saw, without asking the store (it may
-        be stale): for guessing which other streams to fetch in the same query."""
+        be stale): for guessing which other streams to fetch in the same query.
+        Like ``read``, this thread's own copy."""
         found = self._snapshots.get(aggregate_id)
-        return found if isinstance(found, kind) else None
+        if not isinstance(found, kind):
+            return None
+        return cast(A, self._snapshots.handout(aggregate_id, found))
 
     def save_atomically(
         self, *aggregates: Aggregate, unchanged: Mapping[uuid.UUID, int] | None = None
@@ -246,6 +284,33 @@ class Tasks(Application):  # type: ignore[type-arg]
         except (IntegrityError, StreamsAdvanced):
             raise VersionConflict from None
         return max((r.notification.id for r in recordings), default=0)
+
+    def retry_on_conflict(
+        self,
+        load: Callable[[], L],
+        mutate: Callable[[L], R],
+        *,
+        attempts: int = CONFLICT_ATTEMPTS,
+        contended: str = "the record keeps changing; retry",
+    ) -> R:
+        """Optimistic concurrency, written once: ``load`` reads afresh (an
+        aggregate, None, or a tuple of them), ``mutate`` calls commands on it
+        and returns the answer (or raises to stop, saving nothing); then every
+        loaded aggregate with pending events is saved in one transaction
+        (none pending: no write). A version clash reads again, at most
+        ``attempts`` times in all, then ``Contended`` (409)."""
+        for _ in range(attempts):
+            loaded = load()
+            answer = mutate(loaded)
+            parts = loaded if isinstance(loaded, tuple) else (loaded,)
+            changed = [a for a in parts if isinstance(a, Aggregate) and a.pending_events]
+            if changed:
+                try:
+                    self.save_atomically(*changed)
+                except VersionConflict:
+                    continue
+            return answer
+        raise Contended(contended, attempts=attempts)
 
     def max_notification_id(self) -> int:
         with self._store_call():

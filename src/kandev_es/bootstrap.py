@@ -17,6 +17,7 @@ from kandev_es.projections.runner import ProjectionRunner
 from kandev_es.projections.tasks import TasksProjection
 from kandev_es.runtime.recovery import Runtime
 from kandev_es.services.attachments import AttachmentService
+from kandev_es.services.audit_links import AuditLinkService
 from kandev_es.services.auth import TokenService
 from kandev_es.services.creations import CreationStatusService
 from kandev_es.services.release import ReleaseService
@@ -55,6 +56,7 @@ class Services:
     creation_status: CreationStatusService
     release: ReleaseService
     workspace_deletion: WorkspaceDeletionService
+    audit_links: AuditLinkService
 
     def runtime(self, owner_id: str | None = None) -> Runtime:
         """A recovery Runtime over these parts (``kandev-es runtime``, the app's thread)."""
@@ -142,4 +144,5 @@ def bootstrap(settings: Settings) -> Services:
         workspace_deletion=WorkspaceDeletionService(
             app, database, projections, settings, driver
         ),
+        audit_links=AuditLinkService(app, settings.audit_link_seconds),
     )

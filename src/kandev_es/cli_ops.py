@@ -96,8 +96,17 @@ def _workspace_id(services: Services, value: str) -> uuid.UUID:
 @click.option("--workspace", "workspace", required=True, help="workspace id or name")
 @click.option("--external-id", "external_id", required=True)
 @click.option("--json", "as_json", is_flag=True, help="print the history as JSON")
-def identity_history_command(workspace: str, external_id: str, as_json: bool) -> None:
-    """Print an identity's whole stream across tenures as a timeline."""
+@click.option(
+    "--link/--no-link",
+    default=True,
+    show_default=True,
+    help="also print a short-lived link to the auditor's page (not with --json)",
+)
+def identity_history_command(workspace: str, external_id: str, as_json: bool, link: bool) -> None:
+    """Print an identity's whole stream across tenures as a timeline.
+
+    Then a link to the auditor's HTML page of this identity, at KANDEV_PUBLIC_URL:
+    it works for this identity only, for KANDEV_AUDIT_LINK_SECONDS (900)."""
     from kandev_es.domain.external_id import normalize_external_id
     from kandev_es.services.history import identity_history, render_timeline
 
@@ -112,6 +121,12 @@ def identity_history_command(workspace: str, external_id: str, as_json: bool) ->
             click.echo(json.dumps(history, indent=2))
         else:
             click.echo("\n".join(render_timeline(history)))
+            if link:
+                issued = services.audit_links.issue(
+                    services.settings.public_url, target, normalized, issued_by="cli"
+                )
+                until = issued.expires_at.isoformat(timespec="seconds")
+                click.echo(f"\nauditor's page (this identity only, until {until}):\n  {issued.url}")
     except KandevError as error:
         raise click.ClickException(error.message) from None
     finally:

@@ -49,6 +49,8 @@ class Settings:
     agent_env: tuple[str, ...] = ()
     # Seconds a run credential lives when its run's end is never observed.
     run_token_ttl: float = 24 * 3600.0
+    # Seconds an audit link (``identity history``'s link to the auditor's page) works.
+    audit_link_seconds: float = 900.0
 
     @property
     def backend(self) -> str:
@@ -138,6 +140,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         ),
         max_streams_per_token=_int(env, "KANDEV_MAX_STREAMS_PER_TOKEN", 8),
         run_token_ttl=_float(env, "KANDEV_RUN_TOKEN_TTL", 24 * 3600.0),
+        audit_link_seconds=_float(env, "KANDEV_AUDIT_LINK_SECONDS", 900.0),
         agent_env=tuple(
             name.strip() for name in (env.get("KANDEV_AGENT_ENV") or "").split(",") if name.strip()
         ),

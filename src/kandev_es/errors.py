@@ -172,6 +172,11 @@ class Conflict(KandevError):
     code = "conflict"
 
 
+class Contended(Conflict):
+    """Optimistic concurrency gave up: the records kept changing under every
+    bounded attempt (``Tasks.retry_on_conflict``). Retrying later is safe."""
+
+
 class WorkspaceExists(Conflict):
     code = "workspace_exists"
 

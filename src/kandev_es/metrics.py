@@ -43,6 +43,8 @@ UNMATCHED_ROUTE = "unmatched"
 @dataclass(frozen=True)
 class Instruments:
     registry: CollectorRegistry
+    # Where every worker's values are (multiprocess mode), or None: this process only.
+    shared: Path | None
     requests: Counter
     request_seconds: Histogram
     creations: Counter
@@ -79,16 +81,21 @@ def _make() -> Instruments:
         values,
     )
 
-    if config.multiprocess_metrics_dir() is not None and values.ValueClass is values.MutexValue:
-        # Imported before the directory was named: every worker would count alone.
-        raise RuntimeError(
-            "prometheus_client was imported before PROMETHEUS_MULTIPROC_DIR was set"
+    shared = config.multiprocess_metrics_dir()
+    if shared is not None and values.ValueClass is values.MutexValue:
+        # Imported before the directory was named (preload_app?): the values live
+        # in this process only, so it answers for itself rather than for nobody.
+        log.error(
+            "metrics are per worker: prometheus_client was imported before %s was set",
+            config.METRICS_DIR_VARIABLE,
         )
+        shared = None
     # The *_created series say nothing here and multiprocess mode has none.
     disable_created_metrics()  # type: ignore[no-untyped-call]
     registry = CollectorRegistry(auto_describe=True)
     made = Instruments(
         registry=registry,
+        shared=shared,
         requests=Counter(
             "kandev_http_requests", "HTTP requests answered, by method, URL rule and status.",
             ["method", "route", "status"], registry=registry,
@@ -219,10 +226,9 @@ def exposition(projection_lag: Callable[[], Mapping[str, int]]) -> bytes:
     from prometheus_client.multiprocess import MultiProcessCollector
 
     made = instruments()
-    directory = config.multiprocess_metrics_dir()
     scrape = CollectorRegistry(auto_describe=False)
-    if directory is not None:
-        MultiProcessCollector(scrape, path=str(directory))  # type: ignore[no-untyped-call]
+    if made.shared is not None:
+        MultiProcessCollector(scrape, path=str(made.shared))  # type: ignore[no-untyped-call]
     else:
         scrape.register(_Forward(made.registry))
     scrape.register(_ProjectionLag(projection_lag))

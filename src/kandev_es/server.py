@@ -61,6 +61,9 @@ def run_server(
                 "threads": threads + settings.max_streams,
                 "worker_class": "gthread",
                 "accesslog": "-",
+                # Audit links carry a secret in the query string: never logged.
+                # (a dotted name: gunicorn imports it only when it starts).
+                "logger_class": "kandev_es.access_log.RedactingLogger",
                 "timeout": 60,
                 "graceful_timeout": 10,
                 "control_socket_disable": True,

@@ -1,33 +1,86 @@
-"""Task representations (the DTO every adapter returns). ``external_id`` is
-omitted, not null, on a task that holds none."""
+"""The task representation every entry point returns, defined once.
+
+``TaskSchema`` is the contract: REST responses are dumped through it (and
+through the schemas that extend it), and OpenAPI is generated from it.
+``task_dto`` is derived from its fields, so REST, MCP, the CLI, the read
+models and the feeds cannot drift from it. A field is read from the Task
+attribute of the same name unless its metadata names another
+(``task_attribute``), a ``date-time`` string is the attribute's ISO 8601
+form; ``external_id`` (not required, not nullable) is omitted,
+not null, on a task that holds none."""
 
 from __future__ import annotations
 
+import operator
+from collections.abc import Callable
 from typing import Any
+
+from marshmallow import Schema, fields, validate
 
 from kandev_es.domain.task import Task
 
+TASK_STATES = ["preparing", "active"]
+
+
+class TaskSchema(Schema):
+    id = fields.UUID(required=True)
+    workspace_id = fields.UUID(required=True)
+    identifier = fields.String(required=True, metadata={"example": "KAN-42"})
+    external_id = fields.String(
+        metadata={"description": "present only while the task holds an external ID"}
+    )
+    title = fields.String(required=True)
+    description = fields.String(required=True)
+    workflow = fields.String(required=True)
+    workflow_step = fields.String(required=True)
+    parent_id = fields.UUID(allow_none=True, required=True)
+    repositories = fields.List(fields.String(), required=True)
+    attachments = fields.List(fields.String(), required=True)
+    start_agent = fields.Boolean(required=True)
+    agent_profile = fields.String(allow_none=True, required=True)
+    state = fields.String(
+        required=True,
+        validate=validate.OneOf(TASK_STATES),
+        metadata={"task_attribute": "phase"},
+    )
+    archived = fields.Boolean(required=True)
+    revision = fields.Integer(required=True)
+    created_at = fields.String(
+        required=True, metadata={"task_attribute": "created_on", "format": "date-time"}
+    )
+    updated_at = fields.String(
+        required=True, metadata={"task_attribute": "modified_on", "format": "date-time"}
+    )
+
+
+Reader = Callable[[Task], Any]
+
+
+def _reader(name: str, field: fields.Field[Any]) -> Reader:
+    """How one TaskSchema field is read from a Task, as JSON-ready values."""
+    get: Reader = operator.attrgetter(field.metadata.get("task_attribute", name))
+    if isinstance(field, fields.UUID):
+        return lambda task: None if (value := get(task)) is None else str(value)
+    if isinstance(field, fields.List):
+        return lambda task: list(get(task))
+    if isinstance(field, fields.String) and field.metadata.get("format") == "date-time":
+        return lambda task: get(task).isoformat()
+    if isinstance(field, fields.String | fields.Boolean | fields.Integer):
+        return get
+    raise TypeError(f"TaskSchema.{name}: no reader for {type(field).__name__}")
+
+
+# (key, reader, omitted when None): built once, in the schema's field order.
+_READERS: tuple[tuple[str, Reader, bool], ...] = tuple(
+    (name, _reader(name, field), not field.required and not field.allow_none)
+    for name, field in TaskSchema().fields.items()
+)
+
 
 def task_dto(task: Task) -> dict[str, Any]:
-    dto: dict[str, Any] = {
-        "id": str(task.id),
-        "workspace_id": str(task.workspace_id),
-        "identifier": task.identifier,
-        "title": task.title,
-        "description": task.description,
-        "workflow": task.workflow,
-        "workflow_step": task.workflow_step,
-        "parent_id": str(task.parent_id) if task.parent_id else None,
-        "repositories": list(task.repositories),
-        "attachments": list(task.attachments),
-        "start_agent": task.start_agent,
-        "agent_profile": task.agent_profile,
-        "state": task.phase,
-        "archived": task.archived,
-        "revision": task.revision,
-        "created_at": task.created_on.isoformat(),
-        "updated_at": task.modified_on.isoformat(),
-    }
-    if task.external_id is not None:
-        dto["external_id"] = task.external_id
+    dto: dict[str, Any] = {}
+    for key, read, optional in _READERS:
+        value = read(task)
+        if value is not None or not optional:
+            dto[key] = value
     return dto

@@ -1,4 +1,6 @@
-"""/metrics from a real `kandev-es serve --workers 2` (issue 16 point 4): creates
+"""/metrics from a real server with 2 gunicorn workers (issue 16 point 4), started
+both ways the README shows — `kandev-es serve --workers 2` and `kandev-es db init
+&& gunicorn -c http/gunicorn.conf.py 'kandev_es.api:create_app()'`: creates
 that land on both workers add up in every scrape, whichever worker answers it;
 the per-worker values are read from the run's metrics directory to prove that
 both workers really served. A worker killed with SIGKILL keeps its counts in
@@ -7,9 +9,12 @@ backends."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from http.client import HTTPConnection
 from pathlib import Path
@@ -20,7 +25,16 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kandev_es.config import Settings, metrics_dir
 from tests.support.load import sigkill, wait_for_workers
-from tests.support.served import ServedProcess, http
+from tests.support.served import (
+    Launched,
+    ServedProcess,
+    environment,
+    free_port,
+    http,
+    kandev_command,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
 
 ROUND = 8
 MAX_ROUNDS = 30
@@ -28,11 +42,71 @@ SCRAPES = 6
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
+class ConfServed(ServedProcess):
+    """The README's production command with KANDEV_WORKERS=2: tables, a workspace
+    and an admin token made with the CLI first, then gunicorn with our config."""
+
+    def __init__(self, settings: Settings, log_dir: Path) -> None:
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        env = {
+            "KANDEV_BIND": f"127.0.0.1:{self.port}",
+            "KANDEV_WORKERS": "2",
+            "KANDEV_THREADS": "4",
+            "KANDEV_PUBLIC_URL": self.base,
+        }
+
+        def cli(*args: str) -> dict[str, str]:
+            done = subprocess.run(
+                [*kandev_command(), *args], env=environment(settings, **env),
+                capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+                check=False,
+            )
+            assert done.returncode == 0, done.stderr
+            lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+            return json.loads(lines[-1]) if lines else {}
+
+        cli("db", "init")
+        self.workspace_id = cli("workspace", "create", f"metrics-{self.port}")["id"]
+        self.token = cli("token", "create", "--admin")["token"]
+        Launched.__init__(
+            self,
+            ["-c", str(ROOT / "http" / "gunicorn.conf.py"), "kandev_es.api:create_app()"],
+            settings,
+            log_dir / f"gunicorn-{self.port}.log",
+            [sys.executable, "-m", "gunicorn"],
+            **env,
+        )
+        try:
+            self.wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+
+
+Launch = Callable[[], ServedProcess]
+
+
+@pytest.fixture(params=["serve", "gunicorn.conf"])
+def launch(request: pytest.FixtureRequest, settings: Settings, tmp_path: Path) -> Iterator[Launch]:
+    started: list[ServedProcess] = []
+
+    def start() -> ServedProcess:
+        if request.param == "serve":
+            served = ServedProcess(settings, tmp_path, workers=2)
+        else:
+            served = ConfServed(settings, tmp_path)
+        started.append(served)
+        return served
+
+    yield start
+    for served in started:
+        served.stop()
+
+
 @pytest.fixture
-def server(settings: Settings, tmp_path: Path) -> Iterator[ServedProcess]:
-    served = ServedProcess(settings, tmp_path, workers=2)
-    yield served
-    served.stop()
+def server(launch: Launch) -> ServedProcess:
+    return launch()
 
 
 def scrape(server: ServedProcess) -> tuple[str, Samples]:
@@ -176,20 +250,16 @@ def test_counters_add_up_across_two_workers_and_survive_a_killed_worker(
         stream.close()
 
 
-def test_a_fresh_start_wipes_the_last_runs_values(settings: Settings, tmp_path: Path):
-    first = ServedProcess(settings, tmp_path, workers=2)
-    try:
-        assert create(first, "WIPE-1") == "created"
-        assert total(scrape(first)[1], "kandev_creations_total", outcome="created") == 1
-    finally:
-        first.stop()
-    second = ServedProcess(settings, tmp_path, workers=2)
-    second.token = first.token  # shown once, at the first start
-    try:
-        # The identity is still held (a Found), but this run created nothing.
-        assert create(second, "WIPE-1") == "found_settled"
-        _, samples = scrape(second)
-        assert total(samples, "kandev_creations_total", outcome="created") == 0
-        assert total(samples, "kandev_creations_total", outcome="found_settled") == 1
-    finally:
-        second.stop()
+def test_a_fresh_start_wipes_the_last_runs_values(launch: Launch):
+    first = launch()
+    assert create(first, "WIPE-1") == "created"
+    assert total(scrape(first)[1], "kandev_creations_total", outcome="created") == 1
+    first.stop()
+    second = launch()
+    # `serve` shows its token once, at the first start; the conf launch makes another workspace.
+    second.token, second.workspace_id = first.token, first.workspace_id
+    # The identity is still held (a Found), but this run created nothing.
+    assert create(second, "WIPE-1") == "found_settled"
+    _, samples = scrape(second)
+    assert total(samples, "kandev_creations_total", outcome="created") == 0
+    assert total(samples, "kandev_creations_total", outcome="found_settled") == 1

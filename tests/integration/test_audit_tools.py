@@ -54,11 +54,11 @@ def test_identity_history_cli_prints_a_timeline_across_tenures(
 
 
 def test_release_records_its_actor_for_auditors_never_a_secret(
-    cli, client, services, workspace, member
+    cli, client, services, workspace, operator
 ):
     """REST release by an operator token: the Released event names the token id
     (``token:<id>``); the CLI release names ``cli``. No secret anywhere."""
-    principal, secret = member
+    principal, secret = operator
     create(client, secret, external_id="ACT-1", title="first")
     answer = client.delete(
         f"/api/v1/workspaces/{workspace.id}/tasks/by-external-id",

@@ -20,8 +20,8 @@ from tests.integration.helpers import branches, create, make_git_repository, wor
 
 
 @pytest.fixture
-def repo(client, workspace, member, tmp_path):
-    _, secret = member
+def repo(client, workspace, operator, tmp_path):
+    _, secret = operator
     path = make_git_repository(tmp_path / "backend")
     answer = client.post(
         f"/api/v1/workspaces/{workspace.id}/repositories",
@@ -188,9 +188,9 @@ def test_failed_launch_aborts_and_compensates_every_effect(
 
 
 def test_repository_registration_rejects_what_is_not_a_git_repository(
-    client, workspace, member, tmp_path
+    client, workspace, operator, tmp_path
 ):
-    _, secret = member
+    _, secret = operator
     url = f"/api/v1/workspaces/{workspace.id}/repositories"
     for path in [str(tmp_path), "relative/path", str(tmp_path / "missing")]:
         answer = client.post(url, json={"name": "x", "path": path}, headers=bearer(secret))

@@ -17,7 +17,14 @@ from tests.integration.helpers import create
 
 # Routes that act on no workspace's data: public probes and the admin-only
 # workspace/token creation (checked separately below).
-UNSCOPED = {"/static/<path:filename>", "/api/openapi.json", "/healthz", "/readyz", "/metrics"}
+UNSCOPED = {
+    "/static/<path:filename>",
+    "/audit/static/<path:filename>",  # the auditor's page's stylesheet
+    "/api/openapi.json",
+    "/healthz",
+    "/readyz",
+    "/metrics",
+}
 ADMIN_ONLY = {"/api/v1/workspaces", "/api/v1/tokens"}
 # Admin-only routes on one token (revoking it), checked below with the victim's token.
 ADMIN_ONLY_TOKEN = "/api/v1/tokens/<token_id>"
@@ -83,7 +90,12 @@ def test_every_scoped_route_denies_another_workspace_with_404_and_leaks_nothing(
         "path": "/tmp",
         "wip_limit": 1,
     }
-    query = {"external_id": "VICTIM-1", "max_seconds": "0", "filename": "x.txt"}
+    query = {
+        "external_id": "VICTIM-1",
+        "max_seconds": "0",
+        "filename": "x.txt",
+        "workspace": victim["workspace_id"],  # the auditor's page
+    }
     headers = {**intruder, "Idempotency-Key": "op-intruder"}
     failures = []
     for method, rule in routes:

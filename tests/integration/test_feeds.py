@@ -243,10 +243,10 @@ def test_sse_stream_delivers_events_that_arrive_while_open(client, services, wor
 
 
 def test_release_route_and_its_replay_emit_exactly_one_task_updated(
-    client, services, workspace, member
+    client, services, workspace, operator
 ):
     """AC-TASKS-EXTERNAL-ID-001.6: one immutable task.updated per release operation."""
-    _, secret = member
+    _, secret = operator
     task = create(client, secret, external_id="REL-1", title="t").json
     url = f"/api/v1/workspaces/{workspace.id}/tasks/by-external-id"
     headers = {**bearer(secret), "Idempotency-Key": "op-rel-1"}

@@ -47,8 +47,8 @@ def count_topic(services, suffix: str) -> int:
     return sum(1 for n in notifications if n.topic.endswith(suffix))
 
 
-def test_release_requires_a_stable_operation_id(client, services, workspace, member):
-    _, secret = member
+def test_release_requires_a_stable_operation_id(client, services, workspace, operator):
+    _, secret = operator
     create(client, secret, external_id="REL-0", title="t")
     before = services.app.max_notification_id()
     for bad in [None, "", "has space", "tab\tkey", "x" * 201]:
@@ -60,9 +60,9 @@ def test_release_requires_a_stable_operation_id(client, services, workspace, mem
 
 
 def test_release_of_a_completed_identity_keeps_the_task_and_emits_one_update(
-    client, services, workspace, member
+    client, services, workspace, operator
 ):
-    _, secret = member
+    _, secret = operator
     task = create(client, secret, external_id="REL-1", title="t").json
     answer = release(client, workspace, secret, "REL-1", "op-1")
     assert answer.status_code == 200
@@ -83,9 +83,9 @@ def test_release_of_a_completed_identity_keeps_the_task_and_emits_one_update(
 
 
 def test_replay_returns_the_stored_result_and_never_touches_a_later_holder(
-    client, services, workspace, member
+    client, services, workspace, operator
 ):
-    _, secret = member
+    _, secret = operator
     create(client, secret, external_id="REL-2", title="first")
     first = release(client, workspace, secret, "REL-2", "op-2")
     later = create(client, secret, external_id="REL-2", title="later holder").json
@@ -101,9 +101,9 @@ def test_replay_returns_the_stored_result_and_never_touches_a_later_holder(
 
 
 def test_release_of_a_free_identity_is_404_and_stays_404_on_replay(
-    client, services, workspace, member
+    client, services, workspace, operator
 ):
-    _, secret = member
+    _, secret = operator
     assert release(client, workspace, secret, "REL-3", "op-3").status_code == 404
     create(client, secret, external_id="REL-3", title="arrives later")
     replay = release(client, workspace, secret, "REL-3", "op-3")
@@ -111,8 +111,8 @@ def test_release_of_a_free_identity_is_404_and_stays_404_on_replay(
     assert lookup(client, workspace, secret, "REL-3").status_code == 200
 
 
-def test_same_operation_id_for_another_identity_is_422(client, services, workspace, member):
-    _, secret = member
+def test_same_operation_id_for_another_identity_is_422(client, services, workspace, operator):
+    _, secret = operator
     create(client, secret, external_id="REL-4", title="t")
     create(client, secret, external_id="REL-5", title="t")
     assert release(client, workspace, secret, "REL-4", "op-45").status_code == 200
@@ -157,9 +157,9 @@ def test_release_from_another_workspace_is_404(client, services, workspace, memb
 
 
 def test_release_while_preparing_publishes_nothing_then_complete_is_identity_lost(
-    client, services, workspace, member, admin, paused_owner
+    client, services, workspace, operator, admin, paused_owner
 ):
-    _, secret = member
+    _, secret = operator
     _, admin_secret = admin
     slow, wait_until_paused, resume = paused_owner
     client.put(
@@ -200,11 +200,11 @@ def test_release_while_preparing_publishes_nothing_then_complete_is_identity_los
 
 
 def test_release_while_completing_is_a_typed_conflict(
-    settings, client, services, workspace, member
+    settings, client, services, workspace, operator
 ):
     from tests.integration.test_runtime_recovery import crash_create
 
-    _, secret = member
+    _, secret = operator
     # A plan with an effect step, so Completing is a commit of its own.
     services.workspaces.set_wip_limit(workspace.id, 5)
     crash_create(

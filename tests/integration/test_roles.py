@@ -21,7 +21,8 @@ def operator_calls(workspace_id: str, task_id: str) -> list[tuple[str, str, dict
 
 
 def test_a_member_gets_operator_required_and_changes_nothing(client, services, workspace):
-    secret, who = services.tokens.issue(workspace_id=workspace.id, admin=False, role="member")
+    # No role given: least privilege, as on the CLI and REST.
+    secret, who = services.tokens.issue(workspace_id=workspace.id, admin=False)
     assert who.role == "member" and not who.is_operator_of(workspace.id)
     task = create(client, secret, title="mine", external_id="R-1")
     assert task.status_code == 200, task.json

@@ -75,9 +75,9 @@ def test_archiving_the_task_revokes_its_run_credential(client, services, member,
                        headers=run.headers()).status_code == 404
 
 
-def test_deleting_the_task_revokes_its_run_credential(client, services, member, run):
+def test_deleting_the_task_revokes_its_run_credential(client, services, operator, run):
     assert works(client, run)
-    answer = client.delete(f"/api/v1/tasks/{run.task_id}", headers=bearer(member[1]))
+    answer = client.delete(f"/api/v1/tasks/{run.task_id}", headers=bearer(operator[1]))
     assert answer.status_code in (200, 204), answer.json
     assert revoked(services, run.run_id) and not works(client, run)
 

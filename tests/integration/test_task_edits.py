@@ -3,6 +3,9 @@ immutable external_id, archive keeps the identity, delete frees it."""
 
 from __future__ import annotations
 
+import uuid
+
+from kandev_es.bootstrap import bootstrap
 from tests.conftest import bearer
 from tests.integration.helpers import create, start_unsettled_creation
 
@@ -30,6 +33,28 @@ def test_patch_edits_fields_and_bumps_revision(client, member):
     # A retry of the original create still finds the (edited) task; it never patches.
     retry = create(client, secret, external_id="P-1", title="old")
     assert retry.json["title"] == "new"
+
+
+def test_a_found_answers_the_task_as_it_is_now_after_an_edit_elsewhere(
+    client, services, settings, member
+):
+    """Found answers are built once per task snapshot and replayed: an edit,
+    here committed by another process on the same store, shows in the very
+    next retry, and until then every retry gets the same bytes."""
+    principal, secret = member
+    task = create(client, secret, external_id="P-9", title="old").json
+    first, second = (create(client, secret, external_id="P-9", title="old") for _ in range(2))
+    assert first.json["outcome"] == "found_settled" and first.json["revision"] == 1
+    assert first.get_data() == second.get_data()
+    elsewhere = bootstrap(settings.with_overrides(create_tables=False))
+    try:
+        elsewhere.tasks.patch(principal, uuid.UUID(task["id"]), {"title": "new"})
+    finally:
+        elsewhere.close()
+    retry = create(client, secret, external_id="P-9", title="old")
+    assert retry.json["outcome"] == "found_settled"
+    assert (retry.json["title"], retry.json["revision"]) == ("new", 2)
+    assert retry.json["updated_at"] != first.json["updated_at"]
 
 
 def test_external_id_is_immutable(client, services, member):
@@ -73,8 +98,8 @@ def test_archive_keeps_the_identity(client, member):
     assert retry.json["id"] == task["id"] and retry.json["archived"] is True
 
 
-def test_delete_frees_the_identity(client, member):
-    _, secret = member
+def test_delete_frees_the_identity(client, operator):
+    _, secret = operator
     task = create(client, secret, external_id="D-1", title="t").json
     assert client.delete(f"/api/v1/tasks/{task['id']}", headers=bearer(secret)).status_code == 204
     assert client.get(f"/api/v1/tasks/{task['id']}", headers=bearer(secret)).status_code == 404
@@ -122,9 +147,9 @@ def test_list_is_paged_and_filters_by_external_id(client, services, workspace, m
 
 
 def test_list_reflects_edits_archive_and_delete_after_projection(
-    client, services, workspace, member
+    client, services, workspace, operator
 ):
-    _, secret = member
+    _, secret = operator
     keep = create(client, secret, external_id="K-1", title="keep").json
     gone = create(client, secret, external_id="K-2", title="gone").json
     client.patch(f"/api/v1/tasks/{keep['id']}", json={"title": "kept"}, headers=bearer(secret))

@@ -19,7 +19,7 @@ PACKAGE = "kandev_es"
 # package's own __init__, its version).
 LAYERS: tuple[tuple[tuple[str, ...], ...], ...] = (
     (("", "errors"),),
-    (("config",), ("limits",)),
+    (("config",), ("limits",), ("access_log",)),
     (("domain",), ("metrics",)),
     (("views",),),
     (("storage",), ("agent",)),

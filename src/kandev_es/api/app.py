@@ -11,6 +11,7 @@ from flask_smorest import Api
 from kandev_es import __version__, metrics
 from kandev_es.api import (
     agentctl,
+    audit_page,
     errors,
     events,
     health,
@@ -40,6 +41,8 @@ def create_app(
     app.extensions[EXTENSION_KEY] = services
     api = _register_api(app)
     _register_blueprints(api)
+    # HTML, not part of the REST contract: a plain blueprint, outside the OpenAPI.
+    app.register_blueprint(audit_page.blp)
     errors.register(app)
     _instrument_requests(app)
     app.before_request(_check_query)

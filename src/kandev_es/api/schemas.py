@@ -7,34 +7,14 @@ from marshmallow import Schema, fields, validate
 from kandev_es.creation.outcomes import Outcome
 from kandev_es.limits import MAX_CURSOR
 
+# The one task representation lives in views.py; re-exported for the routes.
+from kandev_es.views import TaskSchema as TaskSchema
+
 
 class ApiErrorSchema(Schema):
     error = fields.String(required=True, metadata={"description": "machine-readable code"})
     message = fields.String()
     details = fields.Dict()
-
-
-class TaskSchema(Schema):
-    id = fields.UUID(required=True)
-    workspace_id = fields.UUID(required=True)
-    identifier = fields.String(required=True, metadata={"example": "KAN-42"})
-    external_id = fields.String(
-        metadata={"description": "present only while the task holds an external ID"}
-    )
-    title = fields.String(required=True)
-    description = fields.String(required=True)
-    workflow = fields.String(required=True)
-    workflow_step = fields.String(required=True)
-    parent_id = fields.UUID(allow_none=True, required=True)
-    repositories = fields.List(fields.String(), required=True)
-    attachments = fields.List(fields.String(), required=True)
-    start_agent = fields.Boolean(required=True)
-    agent_profile = fields.String(allow_none=True, required=True)
-    state = fields.String(required=True, validate=validate.OneOf(["preparing", "active"]))
-    archived = fields.Boolean(required=True)
-    revision = fields.Integer(required=True)
-    created_at = fields.String(required=True)
-    updated_at = fields.String(required=True)
 
 
 class CreateTaskResponseSchema(TaskSchema):

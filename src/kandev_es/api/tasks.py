@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from flask import jsonify, request
+from flask import Response, jsonify, request
 from flask.views import MethodView
 from flask_smorest import Blueprint
 
 from kandev_es.api import schemas
+from kandev_es.api.answers import create_answer
 from kandev_es.api.context import (
     create_principal,
     json_object,
@@ -50,10 +51,10 @@ class TaskCreate(MethodView):
     )
     @blp.response(200, schemas.CreateTaskResponseSchema)
     @_document_errors(400, 404, 413, 422, 503)
-    def post(self) -> dict[str, Any]:
+    def post(self) -> Response:
         body = json_object()
         result = services().creation.create(create_principal(), body)
-        return result.to_response()
+        return create_answer(result)  # the documented schema's dump, built here
 
 
 @blp.route("/workspaces/<workspace_id>/tasks/by-external-id")

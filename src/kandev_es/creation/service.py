@@ -76,10 +76,10 @@ class CreationService:
         self._driver = driver
         self._settings = settings
         self._owner_prefix = f"{socket.gethostname()}:{os.getpid()}"
-        # The DTO of each recently answered task snapshot: snapshots are never
-        # changed in place (see ReadCache), so the same object means the same
-        # DTO, and a retry storm does not rebuild it for every answer.
-        self._dtos: dict[uuid.UUID, tuple[Task, Mapping[str, Any]]] = {}
+        # The DTO of each recently answered task, by version: a version of a
+        # stream is one state (events only), so every thread's copy of it has
+        # the same DTO, and a retry storm does not rebuild it for every answer.
+        self._dtos: dict[uuid.UUID, tuple[int, Mapping[str, Any]]] = {}
 
     # ----- the protocol ------------------------------------------------------
     def create(
@@ -218,12 +218,12 @@ class CreationService:
 
     def _dto(self, task: Task) -> Mapping[str, Any]:
         cached = self._dtos.get(task.id)
-        if cached is not None and cached[0] is task:
+        if cached is not None and cached[0] == task.version:
             return cached[1]
         dto = MappingProxyType(task_dto(task))  # shared between answers: read-only
         if len(self._dtos) >= DTO_CACHE_SIZE:
             self._dtos.clear()
-        self._dtos[task.id] = (task, dto)
+        self._dtos[task.id] = (task.version, dto)
         return dto
 
     def _claim_and_settle(

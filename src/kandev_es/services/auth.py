@@ -10,8 +10,8 @@ from typing import Any
 
 from eventsourcing.utils import get_topic
 
-from kandev_es.application import Tasks, VersionConflict
-from kandev_es.domain.principal import OPERATOR, ROLES, Principal, Unconfirmed, principal_of
+from kandev_es.application import Tasks
+from kandev_es.domain.principal import MEMBER, ROLES, Principal, Unconfirmed, principal_of
 from kandev_es.domain.token import (
     ApiToken,
     RunCredentialRevoked,
@@ -19,7 +19,7 @@ from kandev_es.domain.token import (
     run_token_id_for,
     token_id_for,
 )
-from kandev_es.errors import Conflict, TokenNotFound
+from kandev_es.errors import TokenNotFound
 
 TOKEN_PREFIX = "kes_"
 
@@ -61,7 +61,7 @@ class TokenService:
         label: str = "",
         run_id: str | None = None,
         task_id: uuid.UUID | None = None,
-        role: str = OPERATOR,
+        role: str = MEMBER,
     ) -> tuple[str, Principal]:
         if admin == (workspace_id is not None):
             raise ValueError("a token is either admin or bound to exactly one workspace")
@@ -138,17 +138,18 @@ class TokenService:
 
     def revoke_run(self, run_id: str, reason: str) -> bool:
         """Revoke the run's credential (idempotent); True if this call revoked it."""
-        for _ in range(8):
-            token = self._app.load(run_token_id_for(run_id), ApiToken)
+
+        def revoke(token: ApiToken | None) -> bool:
             if token is None or token.revoked:
                 return False
             token.revoke(reason)
-            try:
-                self._app.save_atomically(token)
-            except VersionConflict:
-                continue
             return True
-        return False
+
+        return self._app.retry_on_conflict(
+            lambda: self._app.load(run_token_id_for(run_id), ApiToken),
+            revoke,
+            contended="the run credential keeps changing; retry",
+        )
 
     def list_tokens(self) -> list[dict[str, Any]]:
         """Every token ever issued (run credentials too), oldest first."""
@@ -159,16 +160,16 @@ class TokenService:
     def revoke(self, token_id: uuid.UUID, reason: str = "revoked") -> dict[str, Any]:
         """Revoke any token by id; revoking a revoked token changes nothing.
         It is refused from its next request: authenticate reads it afresh."""
-        for _ in range(8):
-            token = self._app.load(token_id, ApiToken)
+
+        def revoke(token: ApiToken | None) -> dict[str, Any]:
             if token is None:
                 raise TokenNotFound("token not found")
-            if token.revoked:
-                return token_dto(token)
-            token.revoke(reason)
-            try:
-                self._app.save_atomically(token)
-            except VersionConflict:
-                continue
+            if not token.revoked:
+                token.revoke(reason)
             return token_dto(token)
-        raise Conflict("the token keeps changing; retry")
+
+        return self._app.retry_on_conflict(
+            lambda: self._app.load(token_id, ApiToken),
+            revoke,
+            contended="the token keeps changing; retry",
+        )

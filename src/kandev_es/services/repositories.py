@@ -7,7 +7,7 @@ import re
 import uuid
 from pathlib import Path
 
-from kandev_es.application import Tasks, VersionConflict
+from kandev_es.application import Tasks
 from kandev_es.creation.steps.git import is_repository
 from kandev_es.domain.errors import DomainRuleBroken
 from kandev_es.domain.workspace import Workspace
@@ -34,20 +34,20 @@ class RepositoryService:
                 "path must be an absolute path to a local git repository with a commit",
                 field="path",
             )
-        for _ in range(8):
-            workspace = self._app.load(workspace_id, Workspace)
+
+        def add(workspace: Workspace | None) -> dict[str, str]:
             if workspace is None or workspace.deleted:
                 raise WorkspaceNotFound("workspace not found")
             try:
                 workspace.register_repository(name, str(resolved))
             except DomainRuleBroken as error:
                 raise Conflict(str(error)) from None
-            try:
-                self._app.save_atomically(workspace)
-            except VersionConflict:
-                continue
             return {"name": name, "path": str(resolved)}
-        raise Conflict("workspace is contended; retry")
+
+        return self._app.retry_on_conflict(
+            lambda: self._app.load(workspace_id, Workspace), add,
+            contended="workspace is contended; retry",
+        )
 
     def list(self, workspace_id: uuid.UUID) -> list[dict[str, str]]:
         workspace = self._app.load(workspace_id, Workspace)

@@ -9,7 +9,7 @@ from typing import Any
 
 from marshmallow import RAISE, Schema, ValidationError, fields, validate
 
-from kandev_es.application import Tasks, VersionConflict
+from kandev_es.application import Tasks
 from kandev_es.domain.agent_session import session_id_for
 from kandev_es.domain.identity import Identity
 from kandev_es.domain.principal import Principal
@@ -17,7 +17,6 @@ from kandev_es.domain.task import TASK_ABORTED, TASK_PREPARING, Task
 from kandev_es.domain.wip import WipLedger, wip_ledger_id
 from kandev_es.domain.workspace import Workspace
 from kandev_es.errors import (
-    Conflict,
     CreationInProgress,
     ExternalIdImmutable,
     OperatorRequired,
@@ -29,7 +28,7 @@ from kandev_es.services.auth import TokenService
 from kandev_es.storage.database import Database
 from kandev_es.views import task_dto
 
-EDIT_ATTEMPTS = 8
+EDITED = "task is being edited concurrently; retry"
 
 
 class TaskPatchSchema(Schema):
@@ -94,66 +93,64 @@ class TaskService:
             changes: dict[str, Any] = TaskPatchSchema().load(dict(body))
         except ValidationError as error:
             raise ValidationFailed("invalid task update", fields=error.messages) from None
-        for _ in range(EDIT_ATTEMPTS):
-            task = self._editable(principal, task_id, if_revision)
+
+        def update(task: Task) -> Task:
             if "workflow_step" in changes:
                 workspace = self._app.load(task.workspace_id, Workspace)
                 steps = workspace.workflows.get(task.workflow, []) if workspace else []
                 if changes["workflow_step"] not in steps:
-                    raise ValidationFailed(
-                        "unknown workflow step", field="workflow_step"
-                    )
+                    raise ValidationFailed("unknown workflow step", field="workflow_step")
             task.update(changes)
-            try:
-                self._app.save_atomically(task)
-            except VersionConflict:
-                continue
-            return task_dto(task)
-        raise Conflict("task is being edited concurrently; retry")
+            return task
+
+        edited = self._app.retry_on_conflict(
+            lambda: self._editable(principal, task_id, if_revision), update, contended=EDITED
+        )
+        return task_dto(edited)
 
     def archive(self, principal: Principal | None, task_id: uuid.UUID) -> dict[str, Any]:
-        for _ in range(EDIT_ATTEMPTS):
+        def load() -> tuple[Task, WipLedger | None]:
             task = self._editable(principal, task_id, None)
+            return task, self._wip_ledger(task)
+
+        def archive(loaded: tuple[Task, WipLedger | None]) -> Task:
+            task, ledger = loaded
             task.archive()
-            try:
-                self._app.save_atomically(task, *self._give_back_wip(task))
-            except VersionConflict:
-                continue
-            TokenService(self._app).revoke_run(str(session_id_for(task.id)), "task_archived")
-            return task_dto(task)
-        raise Conflict("task is being edited concurrently; retry")
+            _give_back_wip(ledger, task)
+            return task
+
+        task = self._app.retry_on_conflict(load, archive, contended=EDITED)
+        TokenService(self._app).revoke_run(str(session_id_for(task.id)), "task_archived")
+        return task_dto(task)
 
     def delete(self, principal: Principal | None, task_id: uuid.UUID) -> None:
         """Deleting a task frees its identity in the same atomic save."""
-        for _ in range(EDIT_ATTEMPTS):
+
+        def load() -> tuple[Task, Identity | None, WipLedger | None]:
             task = self._editable(principal, task_id, None)
             # Deleting frees the identity, like a release: an operator's action.
             if principal is None or not principal.is_operator_of(task.workspace_id):
                 raise OperatorRequired("deleting a task needs an operator token")
             identity = self._app.load(task.identity_id, Identity)
+            return task, identity, self._wip_ledger(task)
+
+        def delete(loaded: tuple[Task, Identity | None, WipLedger | None]) -> Task:
+            task, identity, ledger = loaded
+            assert principal is not None  # load refused everyone else
             holder = identity.holder if identity else None
             if identity is not None and holder is not None and holder.task_id == task.id:
                 identity.release(
                     holder.number, f"task-delete:{task.id}", "task_deleted", actor=principal.actor
                 )
             task.delete()
-            others = [identity] if identity is not None else []
-            try:
-                self._app.save_atomically(task, *others, *self._give_back_wip(task))
-            except VersionConflict:
-                continue
-            TokenService(self._app).revoke_run(str(session_id_for(task.id)), "task_deleted")
-            return
-        raise Conflict("task is being edited concurrently; retry")
+            _give_back_wip(ledger, task)
+            return task
 
-    def _give_back_wip(self, task: Task) -> tuple[WipLedger, ...]:
-        """An archived or deleted task no longer counts against the WIP limit;
-        the slot returns in the same atomic save."""
-        ledger = self._app.load(wip_ledger_id(task.workspace_id), WipLedger)
-        if ledger is None or not ledger.holds(task.id):
-            return ()
-        ledger.give_back(task.id)
-        return (ledger,)
+        task = self._app.retry_on_conflict(load, delete, contended=EDITED)
+        TokenService(self._app).revoke_run(str(session_id_for(task.id)), "task_deleted")
+
+    def _wip_ledger(self, task: Task) -> WipLedger | None:
+        return self._app.load(wip_ledger_id(task.workspace_id), WipLedger)
 
     def _editable(
         self, principal: Principal | None, task_id: uuid.UUID, if_revision: int | None
@@ -166,6 +163,13 @@ class TaskService:
                 "task revision changed", expected=if_revision, actual=task.revision
             )
         return task
+
+
+def _give_back_wip(ledger: WipLedger | None, task: Task) -> None:
+    """An archived or deleted task no longer counts against the WIP limit: the
+    slot returns in the same atomic save."""
+    if ledger is not None and ledger.holds(task.id):
+        ledger.give_back(task.id)
 
 
 def _db_id(database: Database, value: uuid.UUID) -> Any:

@@ -58,17 +58,15 @@ class WorkspaceDeletionService:
         }
 
     def _mark_deleted(self, workspace_id: uuid.UUID) -> int:
-        for _ in range(ATTEMPTS):
-            workspace = self._app.load(workspace_id, Workspace)
+        def delete(workspace: Workspace | None) -> int:
             if workspace is None or workspace.deleted:
                 raise WorkspaceNotFound("workspace not found")
-            generation = workspace.delete()
-            try:
-                self._app.save_atomically(workspace)
-            except VersionConflict:
-                continue
-            return generation
-        raise Conflict("workspace is contended; retry")
+            return workspace.delete()
+
+        return self._app.retry_on_conflict(
+            lambda: self._app.load(workspace_id, Workspace), delete,
+            contended="workspace is contended; retry",
+        )
 
     def _task_ids(self, workspace_id: uuid.UUID) -> list[uuid.UUID]:
         key: Any = workspace_id if self._database.backend == "postgres" else str(workspace_id)

@@ -76,20 +76,18 @@ class WorkspaceService:
         return found
 
     def set_wip_limit(self, workspace_id: uuid.UUID, limit: int | None) -> Workspace:
-        for _ in range(8):
-            workspace = self.get(workspace_id)
+        def set_limit(workspace: Workspace | None) -> Workspace:
             if workspace is None:
                 raise WorkspaceNotFound("workspace not found")
             try:
                 workspace.set_wip_limit(limit)
             except DomainRuleBroken as error:
                 raise BadRequest(str(error)) from None
-            try:
-                self._app.save_atomically(workspace)
-            except VersionConflict:
-                continue
             return workspace
-        raise Conflict("workspace is contended; retry")
+
+        return self._app.retry_on_conflict(
+            lambda: self.get(workspace_id), set_limit, contended="workspace is contended; retry"
+        )
 
     def get_by_name(self, name: str) -> Workspace | None:
         return self._live(name)

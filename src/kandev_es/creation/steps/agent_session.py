@@ -6,7 +6,7 @@ import contextlib
 from typing import Any
 
 from kandev_es.application import VersionConflict
-from kandev_es.creation.steps.base import StepContext, save_with_retry
+from kandev_es.creation.steps.base import SHARED_ATTEMPTS, SHARED_CONTENDED, StepContext
 from kandev_es.domain.agent_session import AgentSession, session_id_for
 
 
@@ -42,7 +42,9 @@ class AgentSessionStep:
             assert session is not None
             session.close("creation aborted")
 
-        save_with_retry(ctx.app, lambda: self._load(ctx), close)
+        ctx.app.retry_on_conflict(
+            lambda: self._load(ctx), close, attempts=SHARED_ATTEMPTS, contended=SHARED_CONTENDED
+        )
 
     def absent(self, ctx: StepContext) -> bool:
         return self.reconcile(ctx) is None

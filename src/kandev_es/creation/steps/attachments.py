@@ -4,10 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from kandev_es.creation.steps.base import StepContext, StepFailed, save_with_retry
+from kandev_es.creation.steps.base import (
+    SHARED_ATTEMPTS,
+    SHARED_CONTENDED,
+    StepContext,
+    StepFailed,
+)
 from kandev_es.domain.attachment import Attachment, attachment_id_for
 from kandev_es.domain.errors import DomainRuleBroken
-from kandev_es.errors import AttachmentClaimed, UnknownReference
+from kandev_es.errors import AttachmentClaimed, Contended, UnknownReference
 
 
 class AttachmentClaimStep:
@@ -29,11 +34,16 @@ class AttachmentClaimStep:
             attachment.claim(ctx.task_id)
 
         try:
-            save_with_retry(ctx.app, lambda: self._require(ctx), claim)
+            ctx.app.retry_on_conflict(
+                lambda: self._require(ctx), claim, attempts=SHARED_ATTEMPTS,
+                contended=SHARED_CONTENDED,
+            )
         except DomainRuleBroken:
             raise StepFailed(
                 AttachmentClaimed("attachment is claimed by another task", sha256=self.sha256)
             ) from None
+        except Contended as error:
+            raise StepFailed(error) from None
         return {"sha256": self.sha256, "claimed_by": str(ctx.task_id)}
 
     def reconcile(self, ctx: StepContext) -> dict[str, Any] | None:
@@ -45,8 +55,9 @@ class AttachmentClaimStep:
     def compensate(self, ctx: StepContext) -> None:
         if self._load(ctx) is None:
             return
-        save_with_retry(
-            ctx.app, lambda: self._require(ctx), lambda a: a.release_claim(ctx.task_id)
+        ctx.app.retry_on_conflict(
+            lambda: self._require(ctx), lambda a: a.release_claim(ctx.task_id),
+            attempts=SHARED_ATTEMPTS, contended=SHARED_CONTENDED,
         )
 
     def absent(self, ctx: StepContext) -> bool:

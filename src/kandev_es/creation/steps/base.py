@@ -77,24 +77,7 @@ class Step(Protocol):
         ...
 
 
-def save_with_retry(app: Tasks, load: Any, change: Any, attempts: int = 16) -> Any:
-    """Load an aggregate, apply ``change`` and save; re-read on a version clash."""
-    from kandev_es.application import VersionConflict
-
-    for _ in range(attempts):
-        aggregate = load()
-        change(aggregate)
-        if not aggregate.pending_events:
-            return aggregate
-        try:
-            app.save_atomically(aggregate)
-        except VersionConflict:
-            continue
-        return aggregate
-    raise StepFailed(_contended())
-
-
-def _contended() -> KandevError:
-    from kandev_es.errors import Conflict
-
-    return Conflict("a shared record stayed contended; retry the create")
+# WIP ledgers, attachments and sessions are shared by concurrent creations:
+# their read-modify-save (``Tasks.retry_on_conflict``) gets more attempts.
+SHARED_ATTEMPTS = 16
+SHARED_CONTENDED = "a shared record stayed contended; retry the create"

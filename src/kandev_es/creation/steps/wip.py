@@ -4,9 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from kandev_es.creation.steps.base import StepContext, StepFailed, save_with_retry
+from kandev_es.creation.steps.base import (
+    SHARED_ATTEMPTS,
+    SHARED_CONTENDED,
+    StepContext,
+    StepFailed,
+)
 from kandev_es.domain.wip import CapacityExhausted, WipLedger, wip_ledger_id
-from kandev_es.errors import CapacityExceeded
+from kandev_es.errors import CapacityExceeded, Contended
 
 
 class WipReservationStep:
@@ -20,13 +25,19 @@ class WipReservationStep:
         return ledger or WipLedger.open(ctx.workspace_id)
 
     def run(self, ctx: StepContext) -> dict[str, Any]:
-        def reserve(ledger: WipLedger) -> None:
+        def reserve(ledger: WipLedger) -> WipLedger:
             ledger.reserve(ctx.task_id, self.limit)
+            return ledger
 
         try:
-            ledger = save_with_retry(ctx.app, lambda: self._load(ctx), reserve)
+            ledger = ctx.app.retry_on_conflict(
+                lambda: self._load(ctx), reserve, attempts=SHARED_ATTEMPTS,
+                contended=SHARED_CONTENDED,
+            )
         except CapacityExhausted as error:
             raise StepFailed(CapacityExceeded(str(error), wip_limit=self.limit)) from None
+        except Contended as error:
+            raise StepFailed(error) from None
         return {"ledger": str(ledger.id), "limit": self.limit, "in_use": len(ledger.reserved)}
 
     def reconcile(self, ctx: StepContext) -> dict[str, Any] | None:
@@ -38,8 +49,9 @@ class WipReservationStep:
     def compensate(self, ctx: StepContext) -> None:
         if ctx.app.load(wip_ledger_id(ctx.workspace_id), WipLedger) is None:
             return
-        save_with_retry(
-            ctx.app, lambda: self._load(ctx), lambda ledger: ledger.give_back(ctx.task_id)
+        ctx.app.retry_on_conflict(
+            lambda: self._load(ctx), lambda ledger: ledger.give_back(ctx.task_id),
+            attempts=SHARED_ATTEMPTS, contended=SHARED_CONTENDED,
         )
 
     def absent(self, ctx: StepContext) -> bool:

@@ -1,0 +1,97 @@
+"""The auditor's page: ``GET /audit/identities?workspace=W&external_id=E``, an
+identity's history as a server-rendered HTML timeline (no JavaScript at all).
+
+Who may look: an admin token, an operator token of that workspace (bearer
+header), or an audit link (``?audit_link=``, printed by ``identity history``)
+issued for exactly this identity and not yet expired. The API's conventions
+hold: a member of the workspace gets 403 operator_required, anyone else 404
+``identity not found``; bad query input is a typed 400. Errors are HTML pages
+with those statuses and codes. Everything rendered is autoescaped, and a
+strict CSP forbids scripts, so a hostile external id or title stays text.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+
+from flask import Blueprint, Response, render_template, request
+from flask.typing import ResponseReturnValue
+
+from kandev_es.api.context import principal, services
+from kandev_es.api.errors import http_status
+from kandev_es.domain.external_id import require_external_id
+from kandev_es.errors import BadRequest, IdentityNotFound, KandevError, OperatorRequired
+from kandev_es.services.audit_links import LINK_PARAMETER
+from kandev_es.services.audit_timeline import identity_timeline
+
+blp = Blueprint(
+    "audit_page",
+    __name__,
+    url_prefix="/audit",
+    template_folder="templates",
+    static_folder="static",
+    static_url_path="/static",
+)
+
+# No script from anywhere; styles and images only from this origin (the CSS file).
+CSP = (
+    "default-src 'none'; style-src 'self'; img-src 'self'; base-uri 'none'; "
+    "form-action 'none'; frame-ancestors 'none'"
+)
+
+
+def _workspace() -> uuid.UUID:
+    raw = request.args.get("workspace")
+    if not raw:
+        raise BadRequest("workspace (a workspace id) is required", parameter="workspace")
+    try:
+        return uuid.UUID(raw)
+    except ValueError:
+        raise BadRequest("workspace must be a UUID", parameter="workspace") from None
+
+
+def _authorize(workspace_id: uuid.UUID, external_id: str) -> None:
+    link = request.args.get(LINK_PARAMETER)
+    if link is not None and services().audit_links.permits(link, workspace_id, external_id):
+        return
+    who = principal()
+    if who is None or not who.may_act_on(workspace_id):
+        raise IdentityNotFound("identity not found")
+    if not who.is_operator_of(workspace_id):
+        raise OperatorRequired("the auditor's page needs an operator token of the workspace")
+
+
+def _render(template: str, http_status: int, **values: object) -> ResponseReturnValue:
+    rendered_at = datetime.now(UTC).isoformat(timespec="seconds")
+    return render_template(template, rendered_at=rendered_at, **values), http_status
+
+
+@blp.get("/identities")
+def identity_page() -> ResponseReturnValue:
+    workspace_id = _workspace()
+    external_id = require_external_id(request.args.get("external_id"))
+    _authorize(workspace_id, external_id)
+    return _render(
+        "audit/identity.html", 200, t=identity_timeline(services().app, workspace_id, external_id)
+    )
+
+
+@blp.errorhandler(KandevError)
+def _error(error: KandevError) -> ResponseReturnValue:
+    body = error.to_dict()
+    message = error.message if "message" in body else ""
+    status = http_status(error)
+    return _render("audit/error.html", status, status=status, code=body["error"], message=message)
+
+
+@blp.after_request
+def _headers(response: Response) -> Response:
+    response.headers["Content-Security-Policy"] = CSP
+    response.headers["X-Content-Type-Options"] = "nosniff"
+    # The page's URL may carry an audit link: never send it on as a Referer,
+    # never keep the page in a cache.
+    response.headers["Referrer-Policy"] = "no-referrer"
+    if request.endpoint != "audit_page.static":
+        response.headers["Cache-Control"] = "no-store"
+    return response

@@ -1,0 +1,182 @@
+"""The auditor's page (issue 16.5) in a real headless Chromium against a real
+`kandev-es serve`, both backends: what a person sees on the link that
+`kandev-es identity history` prints — each tenure, its claim, the release with
+its operation id and actor, the task link, the hostile external id and title
+shown as text — and that an expired link, or a link used for another identity,
+is refused. The link's secret never reaches the server's log."""
+
+from __future__ import annotations
+
+import re
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.chromium import Chromium, find_chromium, png_pixel, png_size
+from tests.support.served import ServedProcess, http, run_cli
+
+HOSTILE_ID = '<script>alert("id")</script>JIRA-9'
+HOSTILE_TITLE = "<img src=x onerror=alert(1)><script>alert('title')</script>"
+LINK_RE = re.compile(r"^\s+(http://\S+/audit/identities\?\S+)$", re.MULTILINE)
+BAR_COLOUR = (0x1D, 0x23, 0x30)  # .bar in audit.css: the stylesheet applied
+
+
+@pytest.fixture
+def chromium(tmp_path: Path) -> Chromium:
+    return Chromium(find_chromium(), tmp_path)
+
+
+@pytest.fixture
+def server(settings: Any, tmp_path: Path):
+    served = ServedProcess(settings, tmp_path)
+    yield served
+    served.stop()
+
+
+def _status(url: str, headers: dict[str, str] | None = None) -> tuple[int, str]:
+    request = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=20) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def _history_link(settings: Any, server: ServedProcess, external_id: str, **env: str) -> str:
+    done = run_cli(
+        settings,
+        "identity",
+        "history",
+        "--workspace",
+        server.workspace_id,
+        "--external-id",
+        external_id,
+        KANDEV_PUBLIC_URL=server.base,
+        **env,
+    )
+    assert done.returncode == 0, done.stderr
+    found = LINK_RE.search(done.stdout)
+    assert found, done.stdout
+    return found.group(1)
+
+
+def _two_tenures(server: ServedProcess) -> dict[str, Any]:
+    """Tenure 1 (hostile title) released by an operator token, tenure 2 holding."""
+    operator = http(
+        "POST",
+        server.base + "/api/v1/tokens",
+        server.token,
+        {"workspace_id": server.workspace_id, "role": "operator", "label": "auditor test"},
+    )
+    assert operator.status == 201, operator.body
+    # A WIP limit makes every create prove a step (policy:wip) with evidence.
+    policy = http(
+        "PUT",
+        f"{server.base}/api/v1/workspaces/{server.workspace_id}/policy",
+        server.token,
+        {"wip_limit": 10},
+    )
+    assert policy.status == 200, policy.body
+    body = {"workspace_id": server.workspace_id, "external_id": HOSTILE_ID}
+    first = http(
+        "POST", server.base + "/api/v1/tasks", server.token, {**body, "title": HOSTILE_TITLE}
+    )
+    assert first.body["outcome"] == "created", first.body
+    query = urllib.parse.urlencode({"external_id": HOSTILE_ID})
+    release = urllib.request.Request(
+        f"{server.base}/api/v1/workspaces/{server.workspace_id}/tasks/by-external-id?{query}",
+        method="DELETE",
+        headers={
+            "Authorization": f"Bearer {operator.body['token']}",
+            "Idempotency-Key": "ticket-4711-release",
+        },
+    )
+    with urllib.request.urlopen(release, timeout=20) as answer:
+        assert answer.status == 200
+    second = http("POST", server.base + "/api/v1/tasks", server.token, {**body, "title": "Second"})
+    assert second.body["outcome"] == "created", second.body
+    other = {"workspace_id": server.workspace_id, "external_id": "OTHER-1", "title": "Other"}
+    assert http("POST", server.base + "/api/v1/tasks", server.token, other).status == 200
+    tokens = http("GET", server.base + "/api/v1/tokens", server.token).body["tokens"]
+    (operator_id,) = [t["id"] for t in tokens if t["label"] == "auditor test"]
+    return {"first": first.body, "second": second.body, "operator_id": operator_id}
+
+
+def _text(dom: str) -> str:
+    """Roughly what a person reads: the DOM's text without tags, whitespace folded."""
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", dom))
+
+
+def test_a_person_sees_each_tenure_release_actor_task_and_hostile_text_as_text(
+    settings, server, chromium, tmp_path
+):
+    made = _two_tenures(server)
+    link = _history_link(settings, server, HOSTILE_ID)
+    dom = chromium.dump_dom(link)
+
+    assert "<script" not in dom.lower(), "no script element: hostile input stayed text"
+    assert "<img" not in dom.lower(), "no img element either"
+    text = _text(dom)
+    assert 'Identity &lt;script&gt;alert("id")&lt;/script&gt;JIRA-9' in text
+    assert text.count("Tenure 1") == 1 and text.count("Tenure 2") == 1
+    assert "held by tenure 2" in text and "tenures 2" in text
+    assert "&lt;img src=x onerror=alert(1)&gt;&lt;script&gt;alert('title')&lt;/script&gt;" in text
+    tenure_1 = dom[dom.index('id="tenure-1"') : dom.index('id="tenure-2"')]
+    assert "ticket-4711-release" in _text(tenure_1)
+    assert f"by token:{made['operator_id']}" in _text(tenure_1), "release actor shown"
+    assert f'href="/api/v1/tasks/{made["first"]["id"]}"' in tenure_1, "the task it produced"
+    assert made["first"]["identifier"] in _text(tenure_1)
+    tenure_2 = dom[dom.index('id="tenure-2"') :]
+    assert f'href="/api/v1/tasks/{made["second"]["id"]}"' in tenure_2
+    assert "holds the identity" in _text(tenure_2) and "Second" in _text(tenure_2)
+    assert "outcome created" in _text(tenure_1) and "outcome created" in _text(tenure_2)
+    rows = tenure_1.split('<tr class="event ')[1:]
+    steps = [_text(row) for row in rows if row.startswith("event-StepRecorded")]
+    assert any("policy:wip" in row and "succeeded" in row and "evidence" in row for row in steps)
+
+    shot = chromium.screenshot(link, tmp_path / "audit-page.png")
+    assert png_size(shot) == (1280, 1500)
+    assert png_pixel(shot, 5, 5) == BAR_COLOUR, "the page's own stylesheet loaded under its CSP"
+
+    secret = urllib.parse.parse_qs(urllib.parse.urlsplit(link).query)["audit_link"][0]
+    log = server.stderr_path.read_text(errors="replace")
+    assert "/audit/identities" in log, "the page requests were logged"
+    assert secret not in log, "the link's secret never reaches the log"
+    assert "audit_link=[redacted]" in log, "the access line is there, blanked"
+
+
+def test_an_expired_link_and_a_link_for_another_identity_are_refused(settings, server, chromium):
+    _two_tenures(server)
+    link = _history_link(settings, server, HOSTILE_ID)
+    parts = urllib.parse.urlsplit(link)
+    query = dict(urllib.parse.parse_qsl(parts.query))
+
+    other = {**query, "external_id": "OTHER-1"}
+    for refused in (
+        other,
+        {**query, "workspace": "00000000-0000-0000-0000-000000000000"},
+        {**query, "audit_link": "kal_" + "x" * 43},
+        {k: v for k, v in query.items() if k != "audit_link"},
+    ):
+        url = parts._replace(query=urllib.parse.urlencode(refused)).geturl()
+        dom = chromium.dump_dom(url)
+        assert "404" in _text(dom) and "identity not found" in _text(dom), dom
+        assert "Tenure" not in dom and "OTHER-1" not in dom and "JIRA-9" not in dom
+        status, _ = _status(url)
+        assert status == 404
+
+    expired = _history_link(settings, server, HOSTILE_ID, KANDEV_AUDIT_LINK_SECONDS="0")
+    dom = chromium.dump_dom(expired)
+    assert "identity not found" in _text(dom) and "Tenure" not in dom
+    assert _status(expired)[0] == 404
+
+    # The link is no bearer token: the REST API does not know it.
+    secret = query["audit_link"]
+    api = f"{server.base}/api/v1/workspaces/{server.workspace_id}/tasks"
+    assert _status(api, {"Authorization": f"Bearer {secret}"})[0] == 404
+    # And the valid link still works for its own identity.
+    assert _status(link)[0] == 200
