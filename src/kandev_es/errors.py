@@ -10,8 +10,9 @@ from ``Failure``.
   the module of the layer that raises it; one that escapes is answered as a
   bare 500 internal_error, its message never shown.
 
-Outside it on purpose: client.py's errors (the caller's side of the wire) and
-click's exceptions in the CLI."""
+Outside it on purpose: client.py's errors (the caller's side of the wire),
+click's exceptions in the CLI, and the failpoint that stands for an error no
+code knows (creation/failpoints.py)."""
 
 from __future__ import annotations
 

@@ -15,11 +15,13 @@ from kandev_es.api.errors import http_status
 from kandev_es.errors import Failure, InternalError, KandevError
 from tests.unit.test_layers import modules
 
-# The caller's side of the wire (client.py) and click's own exception type.
+# The caller's side of the wire (client.py), click's own exception type, and
+# the failpoint that stands for an error no code knows (it must stay unknown).
 OUTSIDE = {
     "kandev_es.client.ClientError",
     "kandev_es.client.DeadlineExceeded",
     "kandev_es.cli.SettingError",
+    "kandev_es.creation.failpoints.FailpointRaised",
 }
 
 STATUS = {
