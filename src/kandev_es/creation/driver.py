@@ -177,9 +177,12 @@ class CreationDriver:
     ) -> KandevError | None:
         kind = step.name.split(":", 1)[0]
         self._record(identity, number, step.name, STARTED, {})  # fenced before any effect
-        failpoints.hit(self._settings, f"{kind}:before")
         try:
+            # The failpoints either side of the effect are part of it: one that
+            # raises is the step raising before or after its effect was made.
+            failpoints.hit(self._settings, f"{kind}:before")
             evidence = step.run(ctx)
+            failpoints.hit(self._settings, f"{kind}:after")
         except StepFailed as failed:
             self._abort(identity, number, step.name, failed.error)
             return failed.error
@@ -196,7 +199,6 @@ class CreationDriver:
                 self._abort(identity, number, step.name, unproven)
                 return unproven
             evidence = found
-        failpoints.hit(self._settings, f"{kind}:after")
         self._record(identity, number, step.name, SUCCEEDED, evidence)
         return None
 

@@ -120,6 +120,7 @@ class CreationService:
             found = self._holders.found(identity, reads)  # step 3
             if found is not None:
                 return found
+            failpoints.hit(self._settings, "lookup:after")  # missed; nothing written yet
         fields = load_create_request(body)  # step 4: only after the lookup missed
         validate_against_workspace(
             self._app, workspace, fields, self._settings.allowed_repository_roots
