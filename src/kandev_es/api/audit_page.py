@@ -21,7 +21,8 @@ from flask.typing import ResponseReturnValue
 from kandev_es.api.context import principal, services
 from kandev_es.api.errors import http_status
 from kandev_es.domain.external_id import require_external_id
-from kandev_es.errors import BadRequest, IdentityNotFound, KandevError, OperatorRequired
+from kandev_es.domain.principal import require_auditor
+from kandev_es.errors import BadRequest, KandevError
 from kandev_es.services.audit_links import LINK_PARAMETER
 from kandev_es.services.audit_timeline import identity_timeline
 
@@ -55,11 +56,7 @@ def _authorize(workspace_id: uuid.UUID, external_id: str) -> None:
     link = request.args.get(LINK_PARAMETER)
     if link is not None and services().audit_links.permits(link, workspace_id, external_id):
         return
-    who = principal()
-    if who is None or not who.may_act_on(workspace_id):
-        raise IdentityNotFound("identity not found")
-    if not who.is_operator_of(workspace_id):
-        raise OperatorRequired("the auditor's page needs an operator token of the workspace")
+    require_auditor(principal(), workspace_id)  # the JSON history route's rule too
 
 
 def _render(template: str, http_status: int, **values: object) -> ResponseReturnValue:
