@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from kandev_es.api.errors import http_status
 from kandev_es.bootstrap import Services, bootstrap
 from kandev_es.config import data_path
 from kandev_es.creation.outcomes import Outcome
@@ -162,7 +163,7 @@ def test_a_step_that_raised_before_its_effect_aborts_unproven_and_frees_the_iden
     with armed(settings, "repository:before@raise") as owner, pytest.raises(KandevError) as raised:
         owner.creation.create(owner.tokens.authenticate(secret), body)
 
-    assert (raised.value.status, raised.value.code) == (502, "effect_unproven")
+    assert (http_status(raised.value), raised.value.code) == (502, "effect_unproven")
     events = history(services, workspace, "UK-2")
     assert [status for status, _ in repository_steps(events)] == [
         "started", "unknown", "failed", "compensated"
