@@ -27,6 +27,7 @@ from kandev_es.storage.database import Transaction
 from kandev_es.storage.schema import POSTGRES_DDL, SQLITE_DDL
 
 NEXT = "_next"
+SETTLE_SECONDS = 10.0
 _INDEX = re.compile(r"^CREATE (?:UNIQUE )?INDEX IF NOT EXISTS (\w+)\s+ON (\w+) ")
 
 Progress = Callable[[int, int, int], None]  # (position, head, events applied so far)
@@ -132,16 +133,21 @@ def rebuild(
             _create_next(tx, backend, table)
     applied = 0
     head = runner.app.max_notification_id()
+    settle_by = time.monotonic() + SETTLE_SECONDS
     while True:
+        runner.checkpoint()  # before the transaction: see storage/settled.py
         with runner.database.transaction() as tx:
             read = runner.apply_pending(tx, fresh, tracking, batch_size)
             position = _position(tx, tracking)
         applied += read
         if progress is not None:
             progress(position, max(head, position), applied)
-        if read == 0 or position >= head:
-            break
+        if position >= head or (not read and time.monotonic() > settle_by):
+            break  # (an older transaction still open: the live runner goes on from here)
+        if not read:
+            time.sleep(0.01)  # events below the head wait for an older transaction
     lock = " FOR UPDATE" if backend == "postgres" else ""
+    runner.checkpoint()
     with runner.database.transaction() as tx:
         tx.execute("SELECT position FROM projection_tracking WHERE name = ?" + lock, (name,))
         while read := runner.apply_pending(tx, fresh, tracking, batch_size):

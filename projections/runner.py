@@ -8,17 +8,22 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from kandev_es.projections.base import BatchProjection, Projection
 from kandev_es.projections.wakeup import Waker, make_waker
 
 from kandev_es.application import Tasks
+from kandev_es.errors import StoreUnavailable
 from kandev_es.storage.database import Database, Transaction
+from kandev_es.storage.settled import Settled
 
 log = logging.getLogger("kandev_es.projections")
 MAX_BACKOFF_SECONDS = 5.0
+CATCH_UP_SECONDS = 60.0
+UNSETTLED_POLL_SECONDS = 0.02
 
 
 class ProjectionRunner:
@@ -37,6 +42,8 @@ class ProjectionRunner:
         self._lock = threading.Lock()
         self.waker: Waker | None = None
         self.failures: dict[str, Exception] = {}
+        self.head = 0
+        self.reached: dict[str, int] = {}  # tracking name -> position after its last pass
 
     def get(self, name: str) -> Projection:
         for projection in self.projections:
@@ -60,6 +67,10 @@ class ProjectionRunner:
         read = 0
         failures: dict[str, Exception] = {}
         with self._lock:
+            try:
+                self.head = self.checkpoint()
+            except Exception as error:
+                failures["checkpoint"] = error
             for projection in self.projections:
                 try:
                     with self.database.transaction() as tx:
@@ -77,11 +88,29 @@ class ProjectionRunner:
             raise next(iter(failures.values()))
         return read
 
-    def catch_up(self) -> int:
-        """Apply everything pending; return how many events were read (summed
-        over projections)."""
+    def checkpoint(self) -> int:
+        """Let the store note how far the log has grown (before any tracking
+        row is locked: see storage/settled.py); returns the visible head."""
+        return int(cast(Any, self.app.recorder).checkpoint())
+
+    def behind(self) -> bool:
+        """Whether some projection stopped below the head seen by the last
+        pass: events there are waiting for an older transaction to end."""
+        return any(position < self.head for position in self.reached.values())
+
+    def catch_up(self, timeout: float = CATCH_UP_SECONDS) -> int:
+        """Apply everything committed before the call; return how many events
+        were read (summed over projections). Waits while an older transaction
+        is still open (its events may take lower ids), up to ``timeout``."""
+        deadline = time.monotonic() + timeout
+        target = self.app.max_notification_id()
         read = total = self.run_once()
-        while read:
+        pause = 0.005
+        while read or any(self.reached.get(p.name, 0) < target for p in self.projections):
+            if not read:
+                if time.monotonic() > deadline or self._stop.wait(pause):
+                    raise StoreUnavailable("projections did not settle: a transaction is open")
+                pause = min(pause * 2, 0.2)
             read = self.run_once()
             total += read
         return total
@@ -104,15 +133,16 @@ class ProjectionRunner:
         )
         position = int(rows[0][0])
         topics: Sequence[str] = getattr(projection, "topics", ())
-        # Commit order equals notification order (the recorder locks the table
-        # for inserts), so everything up to a head read now is committed.
-        head = self.app.max_notification_id() if topics else 0
-        notifications = self.app.recorder.select_notifications(
-            start=position, limit=limit, topics=list(topics), inclusive_of_start=False
+        # Only settled events: nothing at or below the settled position can
+        # still commit, so moving there never skips one (storage/settled.py).
+        settled: Settled = cast(Any, self.app.recorder).read_settled(
+            position, limit, list(topics)
         )
-        new_position = notifications[-1].id if notifications else position
-        if topics and len(notifications) < limit:
-            new_position = max(new_position, head)  # skip what the projection ignores
+        notifications = settled.notifications
+        if len(notifications) == limit:
+            new_position = notifications[-1].id
+        else:  # all there is up to the settled position: skip what is ignored
+            new_position = max(position, settled.position)
         if notifications:
             self._apply(tx, projection, notifications)
         if new_position != position:
@@ -120,6 +150,7 @@ class ProjectionRunner:
                 "UPDATE projection_tracking SET position = ? WHERE name = ?",
                 (new_position, tracking),
             )
+        self.reached[tracking] = new_position
         return len(notifications)
 
     def _apply(self, tx: Transaction, projection: Projection, notifications: Any) -> None:
@@ -134,15 +165,23 @@ class ProjectionRunner:
     def run_forever(self, poll_seconds: float) -> None:
         self.waker = make_waker(self.app, self.database)
         streak = 0
+        pause = UNSETTLED_POLL_SECONDS
         try:
             while not self._stop.is_set():
                 read = self.run_once(raise_errors=False)
-                if self.failures and len(self.failures) == len(self.projections):
+                if self.failures and len(self.failures) >= len(self.projections):
                     streak += 1  # nothing works (the database is gone?): back off
                     self._stop.wait(min(poll_seconds * 2**streak, MAX_BACKOFF_SECONDS))
                     continue
                 streak = 0
-                if not read:
+                if read:
+                    pause = UNSETTLED_POLL_SECONDS
+                elif self.behind():
+                    # Events above the settled position wait for an older
+                    # transaction, which may not NOTIFY when it ends: look again soon.
+                    self._stop.wait(min(poll_seconds, pause))
+                    pause *= 2
+                else:
                     self.waker.wait(poll_seconds, self._stop)
         finally:
             self.waker.close()

@@ -1,8 +1,8 @@
 """How the projection loop sleeps between passes.
 
-PostgreSQL: the eventsourcing recorder (9.5) issues ``NOTIFY <events table>``
-inside every insert transaction (delivered at commit), so we LISTEN on that
-channel on a dedicated autocommit connection. A NOTIFY only shortens the
+PostgreSQL: every save sends ``NOTIFY <events table>`` right after it commits
+(storage/recorders.py), so we LISTEN on that channel on a dedicated autocommit
+connection. A NOTIFY only shortens the
 sleep; the timed poll stays as the fallback, so a lost notification or a killed
 LISTEN connection costs at most one poll interval. A broken connection is
 dropped and re-opened on the next wait.

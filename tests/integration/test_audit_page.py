@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import json
 import uuid
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
 from kandev_es.api.audit_page import CSP
+from kandev_es.domain.identity import Identity
 from kandev_es.services.audit_links import LINK_PARAMETER, AuditLinkService
 from tests.conftest import bearer
-from tests.integration.helpers import create
+from tests.integration.helpers import create, start_unsettled_creation
 
 PAGE = "/audit/identities"
 HOSTILE = "<script>alert(1)</script>&\"'"
@@ -185,3 +187,27 @@ def test_a_release_stored_before_actors_existed_shows_unknown(
     html = _page(client, _query(workspace), admin[1]).get_data(as_text=True)
     release = html[html.index('class="release"') :]
     assert "op-old" in release[:400] and 'by <code class="release-actor">unknown</code>' in release
+
+
+def test_a_recovered_and_aborted_tenure_shows_its_owner_reason_and_failed_step(
+    client, services, workspace, admin
+):
+    """A creation whose owner died: the Runtime's RecoveryClaimed, a failed step
+    with its evidence, Aborting → Aborted; the page shows who aborted and why."""
+    task = start_unsettled_creation(services, workspace, "ABORT-1")
+    identity = services.app.load(task.identity_id, Identity)
+    number = identity.holder.number
+    identity.recover(number, "runtime:test-1", datetime.now(UTC) + timedelta(minutes=1))
+    identity.record_step(number, "repository:web", "k-1", "failed", {"error": "<b>boom</b>"})
+    identity.begin_aborting(number, "repository_effect_failed")
+    identity.abort(number)
+    services.app.save_atomically(identity)
+    reply = _page(client, _query(workspace, "ABORT-1"), admin[1])
+    assert reply.status_code == 200
+    html = reply.get_data(as_text=True)
+    assert 'class="tenure status-aborted"' in html
+    abort = html[html.index('class="abort"') :][:300]
+    assert "repository_effect_failed" in abort and "runtime:test-1" in abort
+    assert "nobody: the identity is free" in html
+    assert "&lt;b&gt;boom&lt;/b&gt;" in html and "<b>boom" not in html
+    assert "event-RecoveryClaimed" in html and "event-Aborted" in html

@@ -10,14 +10,14 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from types import MappingProxyType
-from typing import Any, TypeVar
+from typing import Any
 
 from kandev_es import metrics
 from kandev_es.application import Tasks, VersionConflict
 from kandev_es.config import Settings
 from kandev_es.creation import failpoints
 from kandev_es.creation.driver import CreationDriver, CreationHandedOver, Fenced
+from kandev_es.creation.found import Holders, as_kind
 from kandev_es.creation.handles import Handle, handle_hash, new_secret
 from kandev_es.creation.outcomes import CreateResult, Outcome
 from kandev_es.creation.request import load_create_request
@@ -32,15 +32,13 @@ from kandev_es.domain.principal import Principal, Unconfirmed
 from kandev_es.domain.task import Task
 from kandev_es.domain.wip import WipLedger, wip_ledger_id
 from kandev_es.domain.workspace import Workspace
-from kandev_es.errors import Conflict, InvalidExternalId, TaskNotCreated, Unavailable
+from kandev_es.errors import Conflict, InvalidExternalId, TaskNotCreated
 from kandev_es.storage.attestation import AttestationGuard
 from kandev_es.views import task_dto
 
 log = logging.getLogger("kandev_es.creation")
 
 CLAIM_ATTEMPTS = 8
-DTO_CACHE_SIZE = 4096
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -69,10 +67,7 @@ class CreationService:
         self._driver = driver
         self._settings = settings
         self._owner_prefix = f"{socket.gethostname()}:{os.getpid()}"
-        # The DTO of each recently answered task, by version: a version of a
-        # stream is one state (events only), so every thread's copy of it has
-        # the same DTO, and a retry storm does not rebuild it for every answer.
-        self._dtos: dict[uuid.UUID, tuple[int, Mapping[str, Any]]] = {}
+        self._holders = Holders(app)
 
     # ----- the protocol ------------------------------------------------------
     def create(
@@ -112,7 +107,7 @@ class CreationService:
         # One query for the workspace, the identity, (a guess from the last
         # read) its holder's task and the caller's token: a retry's whole
         # Found is one round trip.
-        reads = self._app.read_many([*self._lookup_ids(workspace_id, key), *token])
+        reads = self._app.read_many([*self._holders.read_ids(workspace_id, key), *token])
         confirmed = self._confirmed(unconfirmed, reads)
         if confirmed is not None and confirmed != principal:
             return self._create(confirmed, body)  # the token changed: start over
@@ -120,8 +115,8 @@ class CreationService:
         identity: Identity | None = None
         if key is not None:
             self._attestation.require()
-            identity = _as(reads[key], Identity)
-            found = self._found(identity, reads)  # step 3
+            identity = as_kind(reads[key], Identity)
+            found = self._holders.found(identity, reads)  # step 3
             if found is not None:
                 return found
         fields = load_create_request(body)  # step 4: only after the lookup missed
@@ -143,7 +138,7 @@ class CreationService:
     def lookup(self, workspace_id: uuid.UUID, external_id: str) -> CreateResult | None:
         """Side-effect-free: what holds this identity right now, if anything."""
         self._attestation.require()
-        return self._lookup(workspace_id, external_id)
+        return self._holders.lookup(workspace_id, external_id)
 
     # ----- steps -------------------------------------------------------------
     @staticmethod
@@ -177,49 +172,10 @@ class CreationService:
 
     @staticmethod
     def _authorized(read: object) -> Workspace:
-        workspace = _as(read, Workspace)
+        workspace = as_kind(read, Workspace)
         if workspace is None or workspace.deleted:
             raise TaskNotCreated("unknown workspace")
         return workspace
-
-    def _lookup_ids(self, workspace_id: uuid.UUID, key: uuid.UUID | None) -> list[uuid.UUID]:
-        ids = [workspace_id]
-        if key is not None:
-            ids.append(key)
-            seen = self._app.snapshot(key, Identity)
-            holder = seen.holder if seen is not None else None
-            if holder is not None:
-                ids.append(holder.task_id)
-        return ids
-
-    def _lookup(self, workspace_id: uuid.UUID, external_id: str) -> CreateResult | None:
-        key = identity_id(workspace_id, external_id)
-        reads = self._app.read_many(self._lookup_ids(workspace_id, key)[1:])
-        return self._found(_as(reads[key], Identity), reads)
-
-    def _found(
-        self, identity: Identity | None, reads: Mapping[uuid.UUID, object] | None = None
-    ) -> CreateResult | None:
-        holder = identity.holder if identity is not None else None
-        if holder is None:
-            return None
-        task = _as((reads or {}).get(holder.task_id), Task)
-        if task is None:  # the guess missed: the identity has a new holder
-            task = _as(self._app.read_many([holder.task_id])[holder.task_id], Task)
-        if task is None:  # pragma: no cover - Claimed and Task.Created share one save
-            raise Unavailable("identity holder has no task stream")
-        outcome = Outcome.FOUND_SETTLED if holder.settled else Outcome.FOUND_UNSETTLED
-        return CreateResult(outcome, self._dto(task))
-
-    def _dto(self, task: Task) -> Mapping[str, Any]:
-        cached = self._dtos.get(task.id)
-        if cached is not None and cached[0] == task.version:
-            return cached[1]
-        dto = MappingProxyType(task_dto(task))  # shared between answers: read-only
-        if len(self._dtos) >= DTO_CACHE_SIZE:
-            self._dtos.clear()
-        self._dtos[task.id] = (task.version, dto)
-        return dto
 
     def _claim_and_settle(
         self,
@@ -262,12 +218,12 @@ class CreationService:
         so a holder still answers Found. Returns the workspace as read now."""
         ids = [plan.workspace_id, wip_ledger_id(plan.workspace_id)]
         reads = self._app.read_many(ids)
-        current = _as(reads[plan.workspace_id], Workspace)
+        current = as_kind(reads[plan.workspace_id], Workspace)
         refusal: Exception | None = None
         if current is None or current.deleted:
             refusal = TaskNotCreated("workspace no longer accepts creates")
         elif current.wip_limit is not None:
-            ledger = _as(reads[ids[1]], WipLedger)
+            ledger = as_kind(reads[ids[1]], WipLedger)
             in_use = len(ledger.reserved) if ledger else 0
             if in_use >= current.wip_limit:
                 refusal = CapacityExceeded(
@@ -278,7 +234,7 @@ class CreationService:
             assert current is not None
             return current
         if plan.external_id is not None:
-            found = self._lookup(plan.workspace_id, plan.external_id)
+            found = self._holders.lookup(plan.workspace_id, plan.external_id)
             if found is not None:
                 return found
         raise refusal
@@ -295,7 +251,7 @@ class CreationService:
         is held, None if the save lost a version check. With ``unchanged``
         (an inline plan) the save also completes the creation, and commits
         only if that workspace is still at the version admitted."""
-        found = self._found(identity)
+        found = self._holders.found(identity)
         if found is not None:
             return found
         number, task = creation.claim(
@@ -355,7 +311,3 @@ def _created(tenure_outcome: str | None) -> Outcome:
     if tenure_outcome == OUTCOME_CREATED_IDENTITY_LOST:
         return Outcome.CREATED_IDENTITY_LOST
     return Outcome.CREATED
-
-
-def _as(aggregate: object, kind: type[T]) -> T | None:
-    return aggregate if isinstance(aggregate, kind) else None

@@ -13,9 +13,13 @@ imported only when the database URL is PostgreSQL, psycopg being an extra):
   round trip instead of one per aggregate.
 - **a guarded save** (``insert_events(..., unchanged={id: version})``): the
   events are written only if none of the named streams has moved past the
-  version the caller read, checked inside the write transaction, after the
-  table lock that orders all writers. Otherwise nothing is written and
+  version the caller read, checked inside the write transaction while it
+  holds those streams' locks (below). Otherwise nothing is written and
   ``StreamsAdvanced`` is raised.
+- **no global write lock**: a save locks only its own streams (exclusive) and
+  its guard streams (shared), so saves of different streams commit in
+  parallel; readers of the notification log read only what is settled
+  (``settled.py``, README "Ordering without a global lock").
 - **the office counter** (``next_office_number``) on the same connections, one
   statement, so a create does not need a second pool for it."""
 
@@ -31,11 +35,12 @@ import psycopg
 from eventsourcing.persistence import InterfaceError, OperationalError, StoredEvent
 from eventsourcing.postgres import PostgresAggregateRecorder, PostgresApplicationRecorder
 from psycopg.rows import tuple_row
-from psycopg.sql import SQL, Identifier
+from psycopg.sql import SQL, Composable, Composed, Identifier, Literal
 from psycopg_pool import PoolTimeout
 
 from kandev_es.storage.counters import sequence_name
 from kandev_es.storage.pools import serve_most_recent_first
+from kandev_es.storage.settled import Horizon, Settled
 from kandev_es.storage.streams import Since, StreamsAdvanced, Versions
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -74,6 +79,33 @@ def _tuples(conn: psycopg.Connection[Any]) -> psycopg.Cursor[tuple[Any, ...]]:
     return psycopg.Cursor(conn, row_factory=tuple_row)
 
 
+def _upgrade_statement(table: Composable, table_sql: str) -> Composed:
+    """Brings an events table of any earlier version to this one, keeping every
+    row: adds ``transaction_id`` (existing rows get 0, new rows their own
+    transaction's id) and makes ``notification_id``'s default take the
+    transaction's id before it draws from the sequence (settled.py relies on
+    that order). Checked against the catalog first, so a second ``db init``
+    takes no lock."""
+    name = Literal(table_sql)
+    return SQL(
+        "DO $UPGRADE$ BEGIN"
+        " IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = {name}::regclass"
+        "  AND attname = 'transaction_id' AND NOT attisdropped) THEN"
+        "  ALTER TABLE {table} ADD COLUMN transaction_id xid8 NOT NULL DEFAULT '0'::xid8;"
+        "  ALTER TABLE {table} ALTER COLUMN transaction_id SET DEFAULT pg_current_xact_id();"
+        " END IF;"
+        " IF NOT EXISTS (SELECT 1 FROM pg_attrdef d JOIN pg_attribute a"
+        "  ON a.attrelid = d.adrelid AND a.attnum = d.adnum"
+        "  WHERE d.adrelid = {name}::regclass AND a.attname = 'notification_id'"
+        "  AND pg_get_expr(d.adbin, d.adrelid) LIKE '%pg_current_xact_id()%') THEN"
+        "  EXECUTE format('ALTER TABLE %s ALTER COLUMN notification_id SET DEFAULT"
+        "   CASE WHEN pg_current_xact_id() IS NOT NULL THEN nextval(%L::regclass) END',"
+        "   {name}, pg_get_serial_sequence({name}, 'notification_id'));"
+        " END IF;"
+        " END $UPGRADE$"
+    ).format(name=name, table=table)
+
+
 class KandevPostgresRecorder(PostgresApplicationRecorder):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -82,10 +114,19 @@ class KandevPostgresRecorder(PostgresApplicationRecorder):
         table = SQL("{0}.{1}").format(schema, Identifier(self.events_table_name))
         self._table_sql = table.as_string(None)
         self._select_streams_sql: dict[int, str] = {}
+        self.horizon = Horizon(self._table_sql)
+        # Named columns, not the library's SELECT *: a prepared SELECT * fails
+        # ("cached plan must not change result type") once a column is added.
+        self.select_events_statement = SQL(
+            "SELECT originator_id, originator_version, topic, state FROM {0}"
+            " WHERE originator_id = %s"
+        ).format(table)
+        self.sql_create_statements.append(_upgrade_statement(table, self._table_sql))
         # One statement per save instead of the library's pipelined BEGIN, SET,
-        # LOCK, NOTIFY, INSERT, COMMIT: the same table lock (commit order =
-        # notification order), then the guard, then the insert, in the one
-        # implicit transaction of an autocommit call. Plain arrays, not the
+        # LOCK, NOTIFY, INSERT, COMMIT: the streams' locks (sorted, so two saves
+        # never deadlock), then the guard, then the insert, in the one implicit
+        # transaction of an autocommit call. No table lock: readers cope with
+        # ids committing out of order (settled.py). Plain arrays, not the
         # composite type, sent in binary (%b): the text form of a bytea array
         # cost more to escape and parse than the insert itself.
         function = SQL("{0}.kandev_insert_events").format(schema)
@@ -95,24 +136,34 @@ class KandevPostgresRecorder(PostgresApplicationRecorder):
                 "ids uuid[], versions bigint[], topics text[], states bytea[],"
                 " guard_ids uuid[], guard_versions bigint[])"
                 " RETURNS SETOF bigint LANGUAGE plpgsql AS $BODY$"
+                " DECLARE key bigint; exclusive boolean;"
                 " BEGIN"
-                "  LOCK TABLE {table} IN EXCLUSIVE MODE;"
+                "  FOR key, exclusive IN SELECT k, bool_or(x) FROM ("
+                "    SELECT hashtextextended(i::text, 0) AS k, true AS x FROM unnest(ids) AS i"
+                "    UNION ALL SELECT hashtextextended(g::text, 0), false"
+                "    FROM unnest(guard_ids) AS g) AS streams GROUP BY k ORDER BY k LOOP"
+                "   IF exclusive THEN PERFORM pg_advisory_xact_lock(key);"
+                "   ELSE PERFORM pg_advisory_xact_lock_shared(key); END IF;"
+                "  END LOOP;"
                 "  FOR i IN 1 .. coalesce(array_length(guard_ids, 1), 0) LOOP"
                 "   IF EXISTS (SELECT 1 FROM {table} WHERE originator_id = guard_ids[i]"
                 "    AND originator_version > guard_versions[i]) THEN RETURN; END IF;"
                 "  END LOOP;"
-                "  NOTIFY {channel};"
                 "  RETURN QUERY INSERT INTO {table}"
                 "   (originator_id, originator_version, topic, state)"
                 "   SELECT * FROM unnest(ids, versions, topics, states)"
                 "   RETURNING notification_id;"
                 " END $BODY$"
-            ).format(function=function, table=table, channel=Identifier(self.channel_name))
+            ).format(function=function, table=table)
         )
         self._insert_sql = SQL(
             "SELECT {0}(%b::uuid[], %b::bigint[], %b::text[], %b::bytea[],"
             " %b::uuid[], %b::bigint[]) AS id"
         ).format(function).as_string(None)
+        # NOTIFY after the save's commit, in its own transaction: a NOTIFY
+        # inside the save would hold PostgreSQL's one notification-queue lock
+        # through the save's commit, serialising every save again.
+        self._notify_sql = SQL("NOTIFY {0}").format(Identifier(self.channel_name)).as_string(None)
         quoted_schema = '"' + self.datastore.schema.replace('"', '""') + '"'
         self._sequence_prefix = quoted_schema + "."
 
@@ -132,11 +183,36 @@ class KandevPostgresRecorder(PostgresApplicationRecorder):
             list(unchanged.values()),
         )
         with self.datastore.get_connection() as conn:
-            rows = _tuples(conn).execute(self._insert_sql, params, prepare=True).fetchall()
+            cursor = _tuples(conn)
+            with conn.pipeline():  # one round trip for both transactions
+                cursor.execute(self._insert_sql, params, prepare=True)
+                conn.execute(self._notify_sql, prepare=True)
+            rows = cursor.fetchall()
         ids = [row[0] for row in rows]
         if not ids:
             raise StreamsAdvanced("a stream this save depends on has moved on")
         return ids
+
+    @_retry_once_after_pool_check
+    def checkpoint(self) -> int:
+        """Record a checkpoint if the log has grown; return the visible head."""
+        with self.datastore.get_connection() as conn:
+            row = _tuples(conn).execute(
+                self.horizon.checkpoint_sql, (self.horizon.known(),), prepare=True
+            ).fetchone()
+        assert row is not None
+        head, xid = int(row[0]), row[1]
+        if xid is not None:
+            self.horizon.add(head, int(xid))
+        return head
+
+    @_retry_once_after_pool_check
+    def read_settled(self, after: int, limit: int, topics: Sequence[str] = ()) -> Settled:
+        """Up to ``limit`` notifications after ``after``, only settled ones."""
+        statement, params = self.horizon.read_params(after, limit, topics)
+        with self.datastore.get_connection() as conn:
+            rows = _tuples(conn).execute(statement, params, prepare=True).fetchall()
+        return self.horizon.settle(rows)
 
     select_events = _retry_once_after_pool_check(
         _unretried(PostgresAggregateRecorder.select_events)

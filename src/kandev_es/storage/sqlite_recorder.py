@@ -14,6 +14,7 @@ from typing import Any
 from eventsourcing.persistence import StoredEvent
 from eventsourcing.sqlite import SQLiteApplicationRecorder
 
+from kandev_es.storage.settled import Settled
 from kandev_es.storage.streams import Since, StreamsAdvanced, Versions
 
 
@@ -27,6 +28,20 @@ class KandevSQLiteRecorder(SQLiteApplicationRecorder):
                 (str(workspace_id),),
             )
             return int(c.fetchone()[0])
+
+    def checkpoint(self) -> int:
+        return int(self.max_notification_id() or 0)
+
+    def read_settled(self, after: int, limit: int, topics: Sequence[str] = ()) -> Settled:
+        """One writer commits ids in order, so everything up to the head read
+        first is committed and nothing below it can appear later."""
+        head = int(self.max_notification_id() or 0)
+        notifications = list(
+            self.select_notifications(
+                start=after, limit=limit, topics=list(topics), inclusive_of_start=False
+            )
+        )
+        return Settled(notifications, max(head, notifications[-1].id if notifications else 0))
 
     def select_streams(self, since: Since) -> list[StoredEvent]:
         one = (

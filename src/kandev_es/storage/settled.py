@@ -1,0 +1,134 @@
+"""Reading the PostgreSQL notification log without a global write lock
+(README: "Ordering without a global lock").
+
+Saves commit in parallel, so notification ids can become visible out of
+order: a save that drew id 100 may commit after one that drew id 101. A
+reader that tracks its position by the last id it saw must never move past
+an id that may still appear. This module finds how far that is safe.
+
+- Every save draws its ids only after its transaction has an id (the column
+  default in ``recorders.UPGRADE``), so a transaction that drew an id has a
+  lower transaction id than any transaction id assigned after the draw.
+- A **checkpoint** (L, U): L is the highest id visible in one statement's
+  snapshot, U a transaction id that same statement assigns. Every id <= L
+  was drawn before that snapshot, by a transaction with an id below U.
+- Once a later statement's ``pg_snapshot_xmin(pg_current_snapshot())`` is
+  >= U, every transaction below U has ended (PostgreSQL: ids below xmin are
+  committed and visible, or rolled back), so every id <= L that will ever
+  exist is visible in that statement: L is **settled**. The read returns
+  rows up to the highest settled L only, in that same statement, so what
+  it returns and what it judges settled come from one snapshot.
+
+A checkpoint is a process-wide fact, so one ``Horizon`` per recorder serves
+every reader in the process. A long open write transaction anywhere in the
+cluster holds the horizon back (readers wait), never lets one skip.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from eventsourcing.persistence import Notification
+
+MAX_PENDING = 16
+
+
+@dataclass(frozen=True)
+class Settled:
+    """Notifications after a position, all of them at or below ``position``:
+    every id <= ``position`` that will ever commit has committed."""
+
+    notifications: list[Notification]
+    position: int
+
+
+class Horizon:
+    """The settled position and the checkpoints that may move it on."""
+
+    def __init__(self, table_sql: str) -> None:
+        self._lock = threading.Lock()
+        self._floor = 0  # every id <= floor is settled
+        self._pending: list[tuple[int, int]] = []  # (L, U), both increasing
+        self.checkpoint_sql = (
+            f"SELECT coalesce(max(notification_id), 0),"
+            f" CASE WHEN coalesce(max(notification_id), 0) > %s"
+            f" THEN pg_current_xact_id()::text END FROM {table_sql}"
+        )
+        self._read_sql: dict[bool, str] = {
+            filtered: self._read_statement(table_sql, filtered) for filtered in (False, True)
+        }
+
+    @staticmethod
+    def _read_statement(table_sql: str, filtered: bool) -> str:
+        topics = " AND topic = ANY(%(topics)s)" if filtered else ""
+        return (
+            "WITH horizon AS (SELECT pg_snapshot_xmin(pg_current_snapshot()) AS xmin),"
+            " settled AS (SELECT h.xmin, greatest(%(floor)s::bigint,"
+            "  (SELECT max(c.l) FROM unnest(%(ls)s::bigint[], %(us)s::text[]::xid8[]) AS c(l, u)"
+            "   WHERE c.u <= h.xmin)) AS bound FROM horizon h)"
+            " SELECT s.xmin::text, s.bound, e.notification_id, e.originator_id,"
+            "  e.originator_version, e.topic, e.state"
+            " FROM settled s LEFT JOIN LATERAL ("
+            "  SELECT notification_id, originator_id, originator_version, topic, state"
+            f"  FROM {table_sql} WHERE notification_id > %(after)s"
+            "   AND notification_id <= s.bound AND transaction_id < s.xmin"
+            f"{topics} ORDER BY notification_id LIMIT %(limit)s) e ON true"
+            " ORDER BY e.notification_id"
+        )
+
+    def known(self) -> int:
+        """The highest L of any checkpoint (or the floor): a new checkpoint
+        is only worth a transaction id when the head is beyond it."""
+        with self._lock:
+            return max([self._floor, *(upto for upto, _ in self._pending)])
+
+    def add(self, head: int, xid: int) -> None:
+        with self._lock:
+            if head <= max([self._floor, *(upto for upto, _ in self._pending)]):
+                return
+            if len(self._pending) >= MAX_PENDING:
+                # The oldest checkpoints settle first; a newer one only
+                # settles after them, so replacing the newest loses nothing.
+                self._pending.pop()
+            self._pending.append((head, xid))
+
+    def read_params(
+        self, after: int, limit: int, topics: Sequence[str]
+    ) -> tuple[str, dict[str, Any]]:
+        with self._lock:
+            pending = list(self._pending)
+            floor = self._floor
+        params: dict[str, Any] = {
+            "floor": floor,
+            "ls": [upto for upto, _ in pending],
+            "us": [str(u) for _, u in pending],
+            "after": after,
+            "limit": limit,
+            "topics": list(topics),
+        }
+        return self._read_sql[bool(topics)], params
+
+    def settle(self, rows: Sequence[tuple[Any, ...]]) -> Settled:
+        """Turn the read's rows into notifications and remember what settled."""
+        xmin, bound = int(rows[0][0]), int(rows[0][1])
+        with self._lock:
+            self._floor = max(self._floor, bound)
+            self._pending = [
+                (upto, xid) for upto, xid in self._pending if xid > xmin and upto > self._floor
+            ]
+        notifications = [
+            Notification(
+                id=int(notification_id),
+                originator_id=uuid.UUID(str(originator_id)),
+                originator_version=int(originator_version),
+                topic=str(topic),
+                state=bytes(state),
+            )
+            for _, _, notification_id, originator_id, originator_version, topic, state in rows
+            if notification_id is not None
+        ]
+        return Settled(notifications, bound)
