@@ -89,6 +89,47 @@ def test_member_gets_403_and_strangers_get_404_learning_nothing(
     assert len(bodies) == 1, "every refusal looks the same, held or not"
 
 
+def test_the_json_history_route_admits_exactly_whom_the_page_admits(
+    client, services, workspace, identity
+):
+    """One rule (require_auditor) for both ways to read a history: every kind
+    of caller gets the same status and error code from each."""
+    other = services.workspaces.open("elsewhere", "ELS")
+    callers = {
+        "admin": services.tokens.issue(workspace_id=None, admin=True)[0],
+        "operator": services.tokens.issue(
+            workspace_id=workspace.id, admin=False, role="operator"
+        )[0],
+        "member": services.tokens.issue(
+            workspace_id=workspace.id, admin=False, role="member"
+        )[0],
+        "other operator": services.tokens.issue(
+            workspace_id=other.id, admin=False, role="operator"
+        )[0],
+        "wrong token": "kes_wrong",
+        "no token": None,
+    }
+    history = f"/api/v1/workspaces/{workspace.id}/identities/history"
+    answers = {}
+    for name, secret in callers.items():
+        headers = bearer(secret) if secret else {}
+        page = _page(client, _query(workspace), secret)
+        json_route = client.get(history, query_string={"external_id": HOSTILE}, headers=headers)
+        code = json_route.json.get("error") if json_route.status_code != 200 else None
+        assert page.status_code == json_route.status_code, name
+        if code is not None:
+            assert f'<span class="error-code">{code}</span>' in page.get_data(as_text=True), name
+        answers[name] = json_route.status_code
+    assert answers == {
+        "admin": 200,
+        "operator": 200,
+        "member": 403,
+        "other operator": 404,
+        "wrong token": 404,
+        "no token": 404,
+    }
+
+
 def test_an_audit_link_opens_only_its_identity_and_only_until_it_expires(
     client, services, workspace, identity
 ):

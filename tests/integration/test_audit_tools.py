@@ -1,4 +1,4 @@
-"""Auditor tools: identity history (CLI timeline, --json, admin-only REST) and
+"""Auditor tools: identity history (CLI timeline, --json, REST for admins and operators) and
 ``audit verify`` replaying Task streams against tasks_view."""
 
 from __future__ import annotations
@@ -99,17 +99,21 @@ def test_identity_history_cli_rejects_unknown_identity_and_workspace(cli, worksp
     assert bad.exit_code != 0
 
 
-def test_identity_history_route_is_admin_only_json(client, services, workspace, member, admin):
+def test_identity_history_route_is_json_for_admins_and_operators(
+    client, services, workspace, member, operator, admin
+):
     _, secret = member
     _two_tenures(client, services, secret)
     url = f"/api/v1/workspaces/{workspace.id}/identities/history"
-    answer = client.get(url, query_string={"external_id": "JIRA-7"}, headers=bearer(admin[1]))
-    assert answer.status_code == 200
-    assert answer.json["holder"]["tenure"] == 2 and answer.json["tenures"] == 2
-    assert [e["event"] for e in answer.json["events"]].count("Released") == 1
-    for headers in (bearer(secret), {}):
-        denied = client.get(url, query_string={"external_id": "JIRA-7"}, headers=headers)
-        assert denied.status_code == 404 and denied.json == {"error": "identity not found"}
+    for allowed in (admin[1], operator[1]):
+        answer = client.get(url, query_string={"external_id": "JIRA-7"}, headers=bearer(allowed))
+        assert answer.status_code == 200
+        assert answer.json["holder"]["tenure"] == 2 and answer.json["tenures"] == 2
+        assert [e["event"] for e in answer.json["events"]].count("Released") == 1
+    refused = client.get(url, query_string={"external_id": "JIRA-7"}, headers=bearer(secret))
+    assert refused.status_code == 403 and refused.json["error"] == "operator_required"
+    denied = client.get(url, query_string={"external_id": "JIRA-7"})
+    assert denied.status_code == 404 and denied.json == {"error": "identity not found"}
     missing = client.get(url, query_string={"external_id": "NOPE"}, headers=bearer(admin[1]))
     assert missing.status_code == 404
     empty = client.get(url, headers=bearer(admin[1]))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 import uuid
 
 import pytest
@@ -16,8 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kandev_es import config, metrics
 from kandev_es.api import create_app
-from kandev_es.bootstrap import Services
-from kandev_es.errors import StreamLimitReached
+from kandev_es.bootstrap import Services, bootstrap
+from kandev_es.errors import StoreUnavailable, StreamLimitReached
 from kandev_es.services.stream_slots import StreamSlots
 from kandev_es.storage.breaker import StoreBreaker
 
@@ -161,3 +162,41 @@ def test_prometheus_imported_too_early_answers_for_its_process_and_says_so(tmp_p
     assert "metrics are per worker" in done.stderr
     assert total(parse(done.stdout), "kandev_creations_total", outcome="created") == 1
     assert not list(directory.iterdir())  # nothing pretended to be shared
+
+
+def test_a_runtime_recovery_counts_its_result_and_steps(
+    settings, client, workspace, member, tmp_path
+):
+    from tests.integration.helpers import create, make_git_repository
+    from tests.integration.test_runtime_recovery import LEASE, crash_create
+
+    short_lease = bootstrap(settings.with_overrides(lease_seconds=LEASE))
+    try:
+        path = make_git_repository(tmp_path / "backend")
+        short_lease.repositories.register(workspace.id, "backend", str(path))
+        _, secret = member
+        body = {"external_id": "MR-1", "title": "t", "repositories": ["backend"]}
+        crash_create(settings, secret, body, "repository:after")  # the owner dies
+        before = scrape_now()
+        time.sleep(LEASE + 0.2)
+        [recovery] = short_lease.runtime().recover_once()
+        assert recovery.phase == "completed"
+        after = scrape_now()
+    finally:
+        short_lease.close()
+    recoveries = "kandev_runtime_recoveries_total"
+    assert total(after, recoveries, result="completed") - total(before, recoveries) == 1
+    steps = "kandev_creation_steps_total"
+    # The branch was made but never recorded: the Runtime reconciles it as succeeded.
+    succeeded = {"kind": "repository", "result": "succeeded"}
+    assert total(after, steps, **succeeded) - total(before, steps, **succeeded) == 1
+    assert create(client, secret, **body).json["outcome"] == "found_settled"
+
+
+def test_a_store_failure_at_scrape_leaves_out_only_the_projection_lag():
+    def lag_unreadable() -> dict[str, int]:
+        raise StoreUnavailable("database unavailable")
+
+    samples = parse(metrics.exposition(lag_unreadable).decode())
+    assert not [name for name, _ in samples if name == "kandev_projection_lag_events"]
+    assert ("kandev_store_breaker_open", ()) in samples

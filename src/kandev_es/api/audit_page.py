@@ -19,8 +19,10 @@ from flask import Blueprint, Response, render_template, request
 from flask.typing import ResponseReturnValue
 
 from kandev_es.api.context import principal, services
+from kandev_es.api.errors import http_status
 from kandev_es.domain.external_id import require_external_id
-from kandev_es.errors import BadRequest, IdentityNotFound, KandevError, OperatorRequired
+from kandev_es.domain.principal import require_auditor
+from kandev_es.errors import BadRequest, KandevError
 from kandev_es.services.audit_links import LINK_PARAMETER
 from kandev_es.services.audit_timeline import identity_timeline
 
@@ -54,11 +56,7 @@ def _authorize(workspace_id: uuid.UUID, external_id: str) -> None:
     link = request.args.get(LINK_PARAMETER)
     if link is not None and services().audit_links.permits(link, workspace_id, external_id):
         return
-    who = principal()
-    if who is None or not who.may_act_on(workspace_id):
-        raise IdentityNotFound("identity not found")
-    if not who.is_operator_of(workspace_id):
-        raise OperatorRequired("the auditor's page needs an operator token of the workspace")
+    require_auditor(principal(), workspace_id)  # the JSON history route's rule too
 
 
 def _render(template: str, http_status: int, **values: object) -> ResponseReturnValue:
@@ -80,9 +78,8 @@ def identity_page() -> ResponseReturnValue:
 def _error(error: KandevError) -> ResponseReturnValue:
     body = error.to_dict()
     message = error.message if "message" in body else ""
-    return _render(
-        "audit/error.html", error.status, status=error.status, code=body["error"], message=message
-    )
+    status = http_status(error)
+    return _render("audit/error.html", status, status=status, code=body["error"], message=message)
 
 
 @blp.after_request

@@ -37,31 +37,21 @@ from kandev_es.domain.identity import (
 )
 from kandev_es.domain.task import Task
 from kandev_es.domain.workspace import Workspace
-from kandev_es.errors import KandevError, StoreUnavailable, Unavailable
+from kandev_es.errors import (
+    EffectUnproven,
+    InternalError,
+    KandevError,
+    StoreUnavailable,
+    Unavailable,
+    WorkspaceDeleted,
+)
 
 log = logging.getLogger("kandev_es.creation")
 MAX_PASSES = 50
 
 
-class Fenced(Exception):
+class Fenced(InternalError):
     """A newer epoch owns this tenure; the stale owner stops without acting."""
-
-
-class CreationHandedOver(Unavailable):
-    code = "creation_handed_over"
-
-
-class WorkspaceDeleted(KandevError):
-    status = 404
-    code = "task not created"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"error": "task not created"}
-
-
-class EffectUnproven(KandevError):
-    status = 502
-    code = "effect_unproven"
 
 
 @dataclass(frozen=True)
@@ -177,9 +167,12 @@ class CreationDriver:
     ) -> KandevError | None:
         kind = step.name.split(":", 1)[0]
         self._record(identity, number, step.name, STARTED, {})  # fenced before any effect
-        failpoints.hit(self._settings, f"{kind}:before")
         try:
+            # The failpoints either side of the effect are part of it: one that
+            # raises is the step raising before or after its effect was made.
+            failpoints.hit(self._settings, f"{kind}:before")
             evidence = step.run(ctx)
+            failpoints.hit(self._settings, f"{kind}:after")
         except StepFailed as failed:
             self._abort(identity, number, step.name, failed.error)
             return failed.error
@@ -196,7 +189,6 @@ class CreationDriver:
                 self._abort(identity, number, step.name, unproven)
                 return unproven
             evidence = found
-        failpoints.hit(self._settings, f"{kind}:after")
         self._record(identity, number, step.name, SUCCEEDED, evidence)
         return None
 

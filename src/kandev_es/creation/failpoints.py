@@ -2,7 +2,10 @@
 process SIGKILL itself the first time it reaches that boundary. One-shot (a
 marker file under the data dir), so the restarted server gets past it.
 ``<step>:<side>@wait`` instead pauses there until ``<boundary>.continue``
-appears under failpoints/ (a slow owner, for release/deletion races)."""
+appears under failpoints/ (a slow owner, for release/deletion races), and
+``<step>:<side>@raise`` raises ``FailpointRaised`` there, every time: at a
+step's ``before``/``after`` it is the step raising with its effect not made /
+made, so the driver must ask the world (an unknown result)."""
 
 from __future__ import annotations
 
@@ -14,10 +17,16 @@ from pathlib import Path
 from kandev_es.config import Settings, data_path
 
 
+class FailpointRaised(RuntimeError):
+    """What an armed ``@raise`` failpoint raises: no error this code knows."""
+
+
 def hit(settings: Settings, boundary: str) -> None:
     if settings.failpoint == f"{boundary}@wait":
         _wait(settings, boundary)
         return
+    if settings.failpoint == f"{boundary}@raise":
+        raise FailpointRaised(f"failpoint {boundary}")
     if settings.failpoint != boundary:
         return
     marker = data_path(settings, "failpoints", boundary.replace(":", "_") + ".fired")

@@ -16,13 +16,12 @@ from kandev_es import metrics
 from kandev_es.application import Tasks, VersionConflict
 from kandev_es.config import Settings
 from kandev_es.creation import failpoints
-from kandev_es.creation.driver import CreationDriver, CreationHandedOver, Fenced
+from kandev_es.creation.driver import CreationDriver, Fenced
 from kandev_es.creation.found import Holders, as_kind
 from kandev_es.creation.handles import Handle, handle_hash, new_secret
 from kandev_es.creation.outcomes import CreateResult, Outcome
 from kandev_es.creation.request import load_create_request
 from kandev_es.creation.steps.registry import plan_step_names
-from kandev_es.creation.steps.wip import CapacityExceeded
 from kandev_es.creation.validation import validate_against_workspace
 from kandev_es.domain import creation
 from kandev_es.domain.external_id import identity_id, normalize_external_id
@@ -32,7 +31,13 @@ from kandev_es.domain.principal import Principal, Unconfirmed
 from kandev_es.domain.task import Task
 from kandev_es.domain.wip import WipLedger, wip_ledger_id
 from kandev_es.domain.workspace import Workspace
-from kandev_es.errors import Conflict, InvalidExternalId, TaskNotCreated
+from kandev_es.errors import (
+    CapacityExceeded,
+    Conflict,
+    CreationHandedOver,
+    InvalidExternalId,
+    TaskNotCreated,
+)
 from kandev_es.storage.attestation import AttestationGuard
 from kandev_es.views import task_dto
 
@@ -119,6 +124,7 @@ class CreationService:
             found = self._holders.found(identity, reads)  # step 3
             if found is not None:
                 return found
+            failpoints.hit(self._settings, "lookup:after")  # missed; nothing written yet
         fields = load_create_request(body)  # step 4: only after the lookup missed
         # The roots are resolved on the filesystem: only when a path is checked.
         roots = self._settings.allowed_repository_roots if fields["repositories"] else ()

@@ -9,7 +9,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from kandev_es.domain.token import ApiToken
-from kandev_es.errors import OperatorRequired, WorkspaceNotFound
+from kandev_es.errors import IdentityNotFound, OperatorRequired, WorkspaceNotFound
 
 MEMBER, OPERATOR = "member", "operator"
 ROLES = (MEMBER, OPERATOR)
@@ -85,3 +85,14 @@ def require_operator(principal: Principal | None, workspace_id: uuid.UUID) -> Pr
     if not found.is_operator_of(workspace_id):
         raise OperatorRequired("this needs an operator token of the workspace")
     return found
+
+
+def require_auditor(principal: Principal | None, workspace_id: uuid.UUID) -> Principal:
+    """Who may read an identity's history, as JSON or as the auditor's page: an
+    admin or an operator of the workspace. A member gets 403 operator_required;
+    anyone else 404 ``identity not found``, whether or not the identity exists."""
+    if principal is None or not principal.may_act_on(workspace_id):
+        raise IdentityNotFound("identity not found")
+    if not principal.is_operator_of(workspace_id):
+        raise OperatorRequired("an identity's history needs an operator token of the workspace")
+    return principal
