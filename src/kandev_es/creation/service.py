@@ -3,7 +3,6 @@ runtime, agentctl — calls ``CreationService.create``; there is no other path."
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import socket
@@ -127,17 +126,19 @@ class CreationService:
                 return found
             failpoints.hit(self._settings, "lookup:after")  # missed; nothing written yet
         fields = load_create_request(body)  # step 4: only after the lookup missed
-        validate_against_workspace(
-            self._app, workspace, fields, self._settings.allowed_repository_roots
-        )
+        # The roots are resolved on the filesystem: only when a path is checked.
+        roots = self._settings.allowed_repository_roots if fields["repositories"] else ()
+        validate_against_workspace(self._app, workspace, fields, roots)
         number = self._app.next_office_number(workspace.id)  # step 5
         plan = CreationPlan(
             workspace_id=workspace.id,
             external_id=external_id,
             identifier=f"{workspace.task_prefix}-{number}",
+            # The validated fields hold all the step rules read (attachments,
+            # repositories and their paths, start_agent, wip_limit).
+            steps=plan_step_names(fields),
             **fields,
         )
-        plan = dataclasses.replace(plan, steps=plan_step_names(plan.to_manifest()))
         return self._claim_and_settle(principal, plan, new_secret(), identity, workspace)
 
     def lookup(self, workspace_id: uuid.UUID, external_id: str) -> CreateResult | None:
