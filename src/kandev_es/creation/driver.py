@@ -183,6 +183,7 @@ class CreationDriver:
         except Exception as error:  # the effect's result is unknown: ask the world
             log.exception("step %s raised; reconciling", step.name)
             self._record(identity, number, step.name, UNKNOWN, {"error": repr(error)})
+            failpoints.hit(self._settings, f"{kind}:unknown")
             found = step.reconcile(ctx)
             if found is None:
                 unproven = EffectUnproven(f"step {step.name} failed: {error}")
