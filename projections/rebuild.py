@@ -22,7 +22,7 @@ from typing import Any
 from kandev_es.projections.base import Rebuildable
 from kandev_es.projections.runner import ProjectionRunner
 
-from kandev_es.errors import BadRequest
+from kandev_es.errors import NotRebuildable, UnknownProjection
 from kandev_es.storage.database import Transaction
 from kandev_es.storage.schema import POSTGRES_DDL, SQLITE_DDL
 
@@ -31,14 +31,6 @@ SETTLE_SECONDS = 10.0
 _INDEX = re.compile(r"^CREATE (?:UNIQUE )?INDEX IF NOT EXISTS (\w+)\s+ON (\w+) ")
 
 Progress = Callable[[int, int, int], None]  # (position, head, events applied so far)
-
-
-class UnknownProjection(BadRequest):
-    code = "unknown_projection"
-
-
-class NotRebuildable(BadRequest):
-    code = "projection_not_rebuildable"
 
 
 @dataclass(frozen=True)

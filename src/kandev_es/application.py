@@ -15,7 +15,7 @@ from eventsourcing.domain import Aggregate
 from eventsourcing.persistence import IntegrityError, OperationalError, StoredEvent
 
 from kandev_es.config import Settings
-from kandev_es.errors import Contended, StoreUnavailable
+from kandev_es.errors import Contended, InternalError, StoreUnavailable
 from kandev_es.storage.breaker import StoreBreaker, means_unreachable
 from kandev_es.storage.database import parse_postgres_url
 from kandev_es.storage.sqlite_factory import SQLITE_FACTORY_TOPIC
@@ -28,7 +28,7 @@ R = TypeVar("R")
 log = logging.getLogger("kandev_es.store")
 
 
-class VersionConflict(Exception):
+class VersionConflict(InternalError):
     """Another writer appended to one of the saved streams first (or, for a
     guarded save, to one of the streams it depended on)."""
 

@@ -1,13 +1,35 @@
-"""The one error hierarchy. Each failure is a class with an HTTP status and a
-machine-readable code; adapters map it once (api/errors.py, mcp)."""
+"""The one error hierarchy: everything kandev_es raises on purpose descends
+from ``Failure``.
+
+- ``KandevError``: a failure answered to the caller — one class per failure,
+  a machine-readable ``code``, a message and details. All of them are here.
+  No transport status: the adapters map each class once (api/errors.py to an
+  HTTP status, mcp/errors.py to a tool error carrying that status).
+- ``InternalError``: a signal one layer raises and another catches
+  (VersionConflict, Fenced, StepFailed, DomainRuleBroken, ...). Each stays in
+  the module of the layer that raises it; one that escapes is answered as a
+  bare 500 internal_error, its message never shown.
+
+Outside it on purpose: client.py's errors (the caller's side of the wire),
+click's exceptions in the CLI, and the failpoint that stands for an error no
+code knows (creation/failpoints.py)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 
-class KandevError(Exception):
-    status: int = 500
+class Failure(Exception):
+    """The root."""
+
+
+class InternalError(Failure):
+    """Raised and caught between layers; never a caller's answer as itself."""
+
+
+class KandevError(Failure):
+    """A failure answered to the caller."""
+
     code: str = "internal_error"
 
     def __init__(self, message: str, **details: Any) -> None:
@@ -23,7 +45,6 @@ class KandevError(Exception):
 
 
 class BadRequest(KandevError):
-    status = 400
     code = "bad_request"
 
 
@@ -51,10 +72,23 @@ class InvalidCursor(BadRequest):
     code = "invalid_cursor"
 
 
+class MissingOperationId(BadRequest):
+    """A release without a usable ``Idempotency-Key`` (its operation id)."""
+
+    code = "idempotency_key_required"
+
+
+class UnknownProjection(BadRequest):
+    code = "unknown_projection"
+
+
+class NotRebuildable(BadRequest):
+    code = "projection_not_rebuildable"
+
+
 class ValidationFailed(KandevError):
     """Request-specific validation (title, workflow, references) failed."""
 
-    status = 422
     code = "validation_failed"
 
 
@@ -68,15 +102,19 @@ class UnknownReference(ValidationFailed):
     code = "unknown_reference"
 
 
+class OperationIdReused(ValidationFailed):
+    """A release operation id already used to release another identity."""
+
+    code = "operation_id_reused"
+
+
 class OperatorRequired(KandevError):
     """A member token on a route that needs an operator of that workspace."""
 
-    status = 403
     code = "operator_required"
 
 
 class NotFound(KandevError):
-    status = 404
     code = "not_found"
 
 
@@ -88,6 +126,11 @@ class TaskNotCreated(NotFound):
 
     def to_dict(self) -> dict[str, Any]:
         return {"error": "task not created"}
+
+
+class WorkspaceDeleted(TaskNotCreated):
+    """The workspace was deleted while the creation was in flight: answered
+    exactly as a create the workspace refused."""
 
 
 class TaskNotFound(NotFound):
@@ -117,8 +160,16 @@ class IdentityNotFound(NotFound):
         return {"error": "identity not found"}
 
 
+class CreationNotFound(NotFound):
+    """A creation handle that is malformed, unknown, or not the caller's."""
+
+    code = "creation not found"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"error": "creation not found"}
+
+
 class Conflict(KandevError):
-    status = 409
     code = "conflict"
 
 
@@ -131,18 +182,60 @@ class WorkspaceExists(Conflict):
     code = "workspace_exists"
 
 
+class ReleaseConflict(Conflict):
+    """The creation is in phase B (completing/aborting): release must wait."""
+
+    code = "release_conflict"
+
+
+class CreationInProgress(Conflict):
+    """Callers never repair, edit or delete a task whose creation is unsettled."""
+
+    code = "creation_in_progress"
+
+
+class BranchTaken(Conflict):
+    code = "branch_exists"
+
+
+class CapacityExceeded(Conflict):
+    """The workspace's WIP limit has no room for another task."""
+
+    code = "capacity_exhausted"
+
+
+class AttachmentClaimed(Conflict):
+    code = "attachment_claimed"
+
+
 class RevisionMismatch(KandevError):
-    status = 412
     code = "revision_mismatch"
 
 
 class PayloadTooLarge(KandevError):
-    status = 413
     code = "payload_too_large"
 
 
+class EffectFailed(KandevError):
+    """An effect outside the event store (git, the agent process) failed, or
+    could not be proven, so the creation aborted."""
+
+    code = "effect_failed"
+
+
+class RepositoryEffectFailed(EffectFailed):
+    code = "repository_effect_failed"
+
+
+class AgentLaunchFailed(EffectFailed):
+    code = "agent_launch_failed"
+
+
+class EffectUnproven(EffectFailed):
+    code = "effect_unproven"
+
+
 class Unavailable(KandevError):
-    status = 503
     code = "unavailable"
 
 
@@ -161,6 +254,12 @@ class SchemaNotAttested(Unavailable):
 
 class StoreUnavailable(Unavailable):
     code = "store_unavailable"
+
+
+class CreationHandedOver(Unavailable):
+    """A newer epoch (the recovery Runtime) took over the caller's creation."""
+
+    code = "creation_handed_over"
 
 
 class UnknownStep(Unavailable):

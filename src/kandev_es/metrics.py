@@ -147,12 +147,25 @@ def _make() -> Instruments:
 
 
 # ----- recording, one call per place --------------------------------------
+# Each request's two labelled children, kept: the keys are bounded (see above)
+# and looking children up by labels costs more than recording into them.
+_request_children: dict[tuple[str, str | None, int], tuple[Any, Any]] = {}
+
+
 def record_request(method: str, route: str | None, status: int, seconds: float) -> None:
-    known = method if method in HTTP_METHODS else "OTHER"
-    rule = route or UNMATCHED_ROUTE
-    made = instruments()
-    made.requests.labels(known, rule, str(status)).inc()
-    made.request_seconds.labels(known, rule).observe(seconds)
+    children = _request_children.get((method, route, status))
+    if children is None:
+        known = method if method in HTTP_METHODS else "OTHER"
+        rule = route or UNMATCHED_ROUTE
+        made = instruments()
+        children = (
+            made.requests.labels(known, rule, str(status)),
+            made.request_seconds.labels(known, rule),
+        )
+        if method in HTTP_METHODS:  # an unknown method must not grow the cache
+            _request_children[(method, route, status)] = children
+    children[0].inc()
+    children[1].observe(seconds)
 
 
 def record_creation(outcome: str) -> None:

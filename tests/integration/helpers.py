@@ -97,3 +97,32 @@ def worktrees(path: Any) -> list[str]:
         text=True,
     ).stdout
     return [line.split(" ", 1)[1] for line in out.splitlines() if line.startswith("worktree ")][1:]
+
+
+def crash_create(
+    settings: Any, secret: str, body: dict, failpoint: str, lease: float = 1.0
+) -> None:
+    """One create in a separate process that SIGKILLs itself at ``failpoint``
+    (tests/support/crashing_create.py): an owner that dies for real."""
+    import dataclasses
+    import json
+    import subprocess
+    import sys
+
+    raw = dataclasses.asdict(settings.with_overrides(failpoint=failpoint, lease_seconds=lease))
+    raw["data_dir"] = str(raw["data_dir"])
+    raw["repository_roots"] = [str(root) for root in raw["repository_roots"]]
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tests.support.crashing_create",
+            json.dumps(raw),
+            secret,
+            json.dumps(body),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == -9, (result.returncode, result.stdout, result.stderr[-2000:])

@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kandev_es import config, metrics
 from kandev_es.api import create_app
 from kandev_es.bootstrap import Services, bootstrap
-from kandev_es.errors import StreamLimitReached
+from kandev_es.errors import StoreUnavailable, StreamLimitReached
 from kandev_es.services.stream_slots import StreamSlots
 from kandev_es.storage.breaker import StoreBreaker
 
@@ -191,3 +191,12 @@ def test_a_runtime_recovery_counts_its_result_and_steps(
     succeeded = {"kind": "repository", "result": "succeeded"}
     assert total(after, steps, **succeeded) - total(before, steps, **succeeded) == 1
     assert create(client, secret, **body).json["outcome"] == "found_settled"
+
+
+def test_a_store_failure_at_scrape_leaves_out_only_the_projection_lag():
+    def lag_unreadable() -> dict[str, int]:
+        raise StoreUnavailable("database unavailable")
+
+    samples = parse(metrics.exposition(lag_unreadable).decode())
+    assert not [name for name, _ in samples if name == "kandev_projection_lag_events"]
+    assert ("kandev_store_breaker_open", ()) in samples

@@ -7,6 +7,8 @@ service (same store, same data dir), on SQLite and PostgreSQL:
 - a step that raised with its result unknown: the driver asks the world —
   the effect is there (succeeded, completes) or not (aborted, compensated,
   ``effect_unproven``, the identity free again);
+- the same, with the owner dying once the step is recorded unknown: the
+  Runtime asks the world and finishes it, the effect there or made anew;
 - the pre-insert re-read: a create whose lookup missed, while another creator
   completed the same identity, answers Found — from admission's re-read when
   the workspace is full, from the claim's version check when it is not.
@@ -23,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from kandev_es.api.errors import http_status
 from kandev_es.bootstrap import Services, bootstrap
 from kandev_es.config import data_path
 from kandev_es.creation.outcomes import Outcome
@@ -30,7 +33,13 @@ from kandev_es.domain.external_id import identity_id
 from kandev_es.domain.identity import Identity
 from kandev_es.domain.wip import WipLedger, wip_ledger_id
 from kandev_es.errors import KandevError
-from tests.integration.helpers import branches, make_git_repository, task_created_count, worktrees
+from tests.integration.helpers import (
+    branches,
+    crash_create,
+    make_git_repository,
+    task_created_count,
+    worktrees,
+)
 
 REPO_STEP = "repository:backend"
 
@@ -162,10 +171,13 @@ def test_a_step_that_raised_before_its_effect_aborts_unproven_and_frees_the_iden
     with armed(settings, "repository:before@raise") as owner, pytest.raises(KandevError) as raised:
         owner.creation.create(owner.tokens.authenticate(secret), body)
 
-    assert (raised.value.status, raised.value.code) == (502, "effect_unproven")
+    assert (http_status(raised.value), raised.value.code) == (502, "effect_unproven")
     events = history(services, workspace, "UK-2")
     assert [status for status, _ in repository_steps(events)] == [
-        "started", "unknown", "failed", "compensated"
+        "started",
+        "unknown",
+        "failed",
+        "compensated",
     ]
     assert type(events[-1]).__name__ == "Aborted"
     assert branches(repo) == ["main"] and worktrees(repo) == []
@@ -173,6 +185,40 @@ def test_a_step_that_raised_before_its_effect_aborts_unproven_and_frees_the_iden
     # Free again: the next create of the same identity makes the task.
     again = services.creation.create(principal, body)
     assert again.outcome == Outcome.CREATED and again.task["identifier"] == "KAN-2"
+
+
+@pytest.mark.parametrize(("side", "made"), [("after", True), ("before", False)])
+def test_the_runtime_settles_a_step_its_dead_owner_left_unknown(
+    settings, services, workspace, member, repo, side, made
+):
+    """The owner's step raised (after / before its effect), was recorded
+    unknown, and the owner died before asking the world. Once the lease runs
+    out the Runtime reconciles: the effect is there (succeeded) or it runs the
+    step again; either way one branch, one worktree, Completed."""
+    _, secret = member
+    body = {"external_id": f"RU-{side}", "title": "t", "repositories": ["backend"]}
+    crash_create(settings, secret, body, f"repository:{side}@raise,repository:unknown")
+    assert [
+        status for status, _ in repository_steps(history(services, workspace, body["external_id"]))
+    ] == ["started", "unknown"]
+    assert ("kandev/KAN-1" in branches(repo)) is made
+
+    recovered: list[Any] = []
+    deadline = time.monotonic() + 30
+    while not recovered:  # the lease (1 s) must run out first
+        assert time.monotonic() < deadline, "the runtime never took the creation over"
+        recovered = services.runtime().recover_once()
+        time.sleep(0.1)
+
+    assert [r.phase for r in recovered] == ["completed"]
+    statuses = [
+        status for status, _ in repository_steps(history(services, workspace, body["external_id"]))
+    ]
+    again = ["started", "succeeded"] if not made else ["succeeded"]
+    assert statuses == ["started", "unknown", *again]
+    assert branches(repo) == ["kandev/KAN-1", "main"] and len(worktrees(repo)) == 1
+    found = services.creation.lookup(workspace.id, body["external_id"])
+    assert found is not None and found.outcome == Outcome.FOUND_SETTLED
 
 
 def test_a_full_workspace_answers_found_when_the_identity_was_completed_after_the_lookup(

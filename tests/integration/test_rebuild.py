@@ -6,8 +6,9 @@ from __future__ import annotations
 import threading
 
 import pytest
-from kandev_es.projections.rebuild import UnknownProjection, rebuild, rebuildable
+from kandev_es.projections.rebuild import rebuild, rebuildable
 
+from kandev_es.errors import UnknownProjection
 from tests.conftest import bearer
 from tests.integration.helpers import create
 from tests.integration.test_feeds import release

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from kandev_es.api.errors import http_status
 from kandev_es.application import CONFLICT_ATTEMPTS
 from kandev_es.domain.workspace import Workspace
 from kandev_es.errors import Contended, WorkspaceNotFound
@@ -55,7 +56,7 @@ def test_exhausted_attempts_raise_contended_and_save_nothing_of_ours(services, w
     with pytest.raises(Contended) as raised:
         app.retry_on_conflict(load, register, contended="workspace is contended; retry")
     assert len(attempts) == CONFLICT_ATTEMPTS
-    assert raised.value.status == 409 and raised.value.code == "conflict"
+    assert http_status(raised.value) == 409 and raised.value.code == "conflict"
     assert raised.value.message == "workspace is contended; retry"
     stored = app.load(workspace.id, Workspace)
     assert stored.repositories == {} and stored.wip_limit == CONFLICT_ATTEMPTS

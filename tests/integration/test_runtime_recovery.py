@@ -5,11 +5,7 @@ real: a separate process SIGKILLs itself at a step boundary."""
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import shutil
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -21,29 +17,15 @@ from kandev_es.creation.driver import Fenced
 from kandev_es.domain.external_id import identity_id
 from kandev_es.domain.identity import Identity
 from tests.conftest import bearer
-from tests.integration.helpers import branches, create, make_git_repository, worktrees
+from tests.integration.helpers import (
+    branches,
+    crash_create,
+    create,
+    make_git_repository,
+    worktrees,
+)
 
 LEASE = 1.0
-
-
-def crash_create(settings, secret: str, body: dict, failpoint: str, lease: float = LEASE) -> None:
-    raw = dataclasses.asdict(settings.with_overrides(failpoint=failpoint, lease_seconds=lease))
-    raw["data_dir"] = str(raw["data_dir"])
-    raw["repository_roots"] = [str(root) for root in raw["repository_roots"]]
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tests.support.crashing_create",
-            json.dumps(raw),
-            secret,
-            json.dumps(body),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert result.returncode == -9, (result.returncode, result.stdout, result.stderr[-2000:])
 
 
 @pytest.fixture

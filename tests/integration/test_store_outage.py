@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from kandev_es.api.errors import http_status
 from kandev_es.bootstrap import bootstrap
 from kandev_es.config import Settings
 from kandev_es.errors import StoreUnavailable
@@ -39,7 +40,7 @@ def test_creates_fail_fast_with_a_typed_503_while_the_database_is_down(tmp_path)
         error, first = timed_failure(
             lambda: services.creation.create(principal, {"external_id": "O-2", "title": "t"})
         )
-        assert error.status == 503 and error.code == "store_unavailable"
+        assert http_status(error) == 503 and error.code == "store_unavailable"
         assert first < 8.0, f"first failure took {first:.1f}s"
         later = [
             timed_failure(

@@ -160,3 +160,24 @@ def test_db_init_upgrades_an_old_store_keeping_events_and_positions(settings) ->
         assert report.ok and report.streams == len(made), report.to_dict()
     finally:
         services.close()
+
+
+@pytest.mark.postgres_only
+def test_events_restored_with_another_clusters_transaction_ids_are_all_read(services) -> None:
+    """A logical restore (pg_dump into another cluster) keeps the stored
+    transaction ids of the old cluster, far above the new one's: readers must
+    still see every event, so none filters on that column."""
+    recorder: Any = services.app.recorder
+    workspace = services.workspaces.open("restored")
+    secret, _ = services.tokens.issue(workspace_id=workspace.id, admin=False)
+    client = create_app(services=services, run_projections=False).test_client()
+    made = [create(client, secret, external_id=f"R-{i}", title=f"r{i}").json for i in range(3)]
+    with _connect() as conn:
+        conn.execute(
+            sql.SQL("UPDATE {} SET transaction_id = '900000000000'::xid8").format(
+                sql.Identifier(recorder.datastore.schema, recorder.events_table_name)
+            )
+        )
+    services.projections.catch_up()
+    report = verify_tasks(services.app, services.database)
+    assert report.ok and report.streams == len(made), report.to_dict()

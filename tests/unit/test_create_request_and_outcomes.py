@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kandev_es.api.errors import http_status
 from kandev_es.creation.outcomes import UNSETTLED_ADVICE, CreateResult, Outcome
 from kandev_es.creation.request import load_create_request
 from kandev_es.domain.identity import OUTCOME_CREATED, OUTCOME_CREATED_IDENTITY_LOST
@@ -32,7 +33,7 @@ def _fails(body: dict[str, Any]) -> ValidationFailed:
 # ----- load_create_request ------------------------------------------------------------
 def test_missing_title_fails_validation_with_422() -> None:
     error = _fails({"description": "no title"})
-    assert error.status == 422
+    assert http_status(error) == 422
     assert error.code == "validation_failed"
     assert "title" in error.details["fields"]
 
@@ -40,14 +41,14 @@ def test_missing_title_fails_validation_with_422() -> None:
 @pytest.mark.parametrize("title", ["", " ", "   \t\n  ", "\u3000"])
 def test_blank_title_fails_validation(title: str) -> None:
     error = _fails({"title": title})
-    assert error.status == 422
+    assert http_status(error) == 422
     assert "title" in error.details["fields"]
 
 
 @pytest.mark.parametrize("title", [None, 42, 4.2, True, ["x"], {"t": "x"}], ids=repr)
 def test_title_of_the_wrong_type_fails_validation(title: object) -> None:
     error = _fails({"title": title})
-    assert error.status == 422
+    assert http_status(error) == 422
     assert "title" in error.details["fields"]
 
 
@@ -66,7 +67,7 @@ def test_title_is_trimmed() -> None:
 
 def test_unknown_field_is_rejected() -> None:
     error = _fails({"title": "Fix login", "colour": "red"})
-    assert error.status == 422
+    assert http_status(error) == 422
     assert "colour" in error.details["fields"]
 
 
@@ -163,7 +164,7 @@ def test_caller_body_is_not_mutated() -> None:
 )
 def test_other_field_limits_fail_validation(body: dict[str, Any]) -> None:
     error = _fails(body)
-    assert error.status == 422
+    assert http_status(error) == 422
     (name,) = set(body) - {"title"}
     assert name in error.details["fields"]
 

@@ -22,6 +22,7 @@ import pytest
 from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
+from kandev_es.api.errors import http_status
 from kandev_es.domain.external_id import (
     MAX_EXTERNAL_ID_BYTES,
     identity_id,
@@ -125,7 +126,7 @@ def test_invalid_external_id_is_a_typed_400() -> None:
         normalize_external_id("a\x00b")
     error = caught.value
     assert isinstance(error, BadRequest)
-    assert error.status == 400
+    assert http_status(error) == 400
     assert error.to_dict()["error"] == "invalid_external_id"
     assert error.to_dict()["details"]["reason"] == "control_character"
 

@@ -28,7 +28,9 @@ LAYERS: tuple[tuple[tuple[str, ...], ...], ...] = (
     (("creation",),),
     (("services",), ("runtime",)),
     (("bootstrap",),),
-    (("api",), ("mcp",), ("agentctl",), ("client",)),
+    (("api",), ("agentctl",), ("client",)),
+    # MCP answers with the REST error contract: its status comes from api/errors.py.
+    (("mcp",),),
     (("cli", "cli_ops", "cli_agentctl", "server"),),
 )
 

@@ -19,6 +19,7 @@ from flask import Blueprint, Response, render_template, request
 from flask.typing import ResponseReturnValue
 
 from kandev_es.api.context import principal, services
+from kandev_es.api.errors import http_status
 from kandev_es.domain.external_id import require_external_id
 from kandev_es.domain.principal import require_auditor
 from kandev_es.errors import BadRequest, KandevError
@@ -77,9 +78,8 @@ def identity_page() -> ResponseReturnValue:
 def _error(error: KandevError) -> ResponseReturnValue:
     body = error.to_dict()
     message = error.message if "message" in body else ""
-    return _render(
-        "audit/error.html", error.status, status=error.status, code=body["error"], message=message
-    )
+    status = http_status(error)
+    return _render("audit/error.html", status, status=status, code=body["error"], message=message)
 
 
 @blp.after_request

@@ -1,4 +1,6 @@
-"""The one mapping from typed errors to HTTP responses."""
+"""The one mapping from typed errors to HTTP statuses and responses. The MCP
+adapter reports the same status (mcp/errors.py); nothing below the adapters
+knows any status."""
 
 from __future__ import annotations
 
@@ -8,16 +10,50 @@ from flask import Flask, jsonify
 from flask.typing import ResponseReturnValue
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
-from kandev_es.errors import KandevError, PayloadTooLarge
+from kandev_es.errors import (
+    BadRequest,
+    Conflict,
+    EffectFailed,
+    KandevError,
+    NotFound,
+    OperatorRequired,
+    PayloadTooLarge,
+    RevisionMismatch,
+    Unavailable,
+    ValidationFailed,
+)
 
 log = logging.getLogger("kandev_es.api")
 
+# By family: a class answers with the status of its nearest listed ancestor.
+HTTP_STATUS: dict[type[KandevError], int] = {
+    BadRequest: 400,
+    OperatorRequired: 403,
+    NotFound: 404,
+    Conflict: 409,
+    RevisionMismatch: 412,
+    PayloadTooLarge: 413,
+    ValidationFailed: 422,
+    EffectFailed: 502,
+    Unavailable: 503,
+}
+
+
+def http_status(error: KandevError) -> int:
+    """The HTTP status of a typed error; 500 for one of no listed family
+    (InvalidSetting, which only the CLI reports)."""
+    for family in type(error).__mro__:
+        if family in HTTP_STATUS:
+            return HTTP_STATUS[family]
+    return 500
+
 
 def _kandev_error(error: KandevError) -> ResponseReturnValue:
+    status = http_status(error)
     response = jsonify(error.to_dict())
-    if error.status == 503:
+    if status == 503:
         response.headers["Retry-After"] = "1"
-    return response, error.status
+    return response, status
 
 
 def _http_error(error: HTTPException) -> ResponseReturnValue:

@@ -37,31 +37,21 @@ from kandev_es.domain.identity import (
 )
 from kandev_es.domain.task import Task
 from kandev_es.domain.workspace import Workspace
-from kandev_es.errors import KandevError, StoreUnavailable, Unavailable
+from kandev_es.errors import (
+    EffectUnproven,
+    InternalError,
+    KandevError,
+    StoreUnavailable,
+    Unavailable,
+    WorkspaceDeleted,
+)
 
 log = logging.getLogger("kandev_es.creation")
 MAX_PASSES = 50
 
 
-class Fenced(Exception):
+class Fenced(InternalError):
     """A newer epoch owns this tenure; the stale owner stops without acting."""
-
-
-class CreationHandedOver(Unavailable):
-    code = "creation_handed_over"
-
-
-class WorkspaceDeleted(KandevError):
-    status = 404
-    code = "task not created"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"error": "task not created"}
-
-
-class EffectUnproven(KandevError):
-    status = 502
-    code = "effect_unproven"
 
 
 @dataclass(frozen=True)
@@ -193,6 +183,7 @@ class CreationDriver:
         except Exception as error:  # the effect's result is unknown: ask the world
             log.exception("step %s raised; reconciling", step.name)
             self._record(identity, number, step.name, UNKNOWN, {"error": repr(error)})
+            failpoints.hit(self._settings, f"{kind}:unknown")
             found = step.reconcile(ctx)
             if found is None:
                 unproven = EffectUnproven(f"step {step.name} failed: {error}")

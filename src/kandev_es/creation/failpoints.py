@@ -5,7 +5,10 @@ marker file under the data dir), so the restarted server gets past it.
 appears under failpoints/ (a slow owner, for release/deletion races), and
 ``<step>:<side>@raise`` raises ``FailpointRaised`` there, every time: at a
 step's ``before``/``after`` it is the step raising with its effect not made /
-made, so the driver must ask the world (an unknown result)."""
+made, so the driver must ask the world (an unknown result). Several
+failpoints may be armed at once, comma-separated (``repository:after@raise,
+repository:unknown``: raise after the effect, then die once it is recorded
+unknown)."""
 
 from __future__ import annotations
 
@@ -22,12 +25,15 @@ class FailpointRaised(RuntimeError):
 
 
 def hit(settings: Settings, boundary: str) -> None:
-    if settings.failpoint == f"{boundary}@wait":
+    if not settings.failpoint:
+        return
+    armed = settings.failpoint.split(",")
+    if f"{boundary}@wait" in armed:
         _wait(settings, boundary)
         return
-    if settings.failpoint == f"{boundary}@raise":
+    if f"{boundary}@raise" in armed:
         raise FailpointRaised(f"failpoint {boundary}")
-    if settings.failpoint != boundary:
+    if boundary not in armed:
         return
     marker = data_path(settings, "failpoints", boundary.replace(":", "_") + ".fired")
     marker.parent.mkdir(parents=True, exist_ok=True)

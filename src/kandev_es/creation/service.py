@@ -3,7 +3,6 @@ runtime, agentctl — calls ``CreationService.create``; there is no other path."
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import socket
@@ -17,13 +16,12 @@ from kandev_es import metrics
 from kandev_es.application import Tasks, VersionConflict
 from kandev_es.config import Settings
 from kandev_es.creation import failpoints
-from kandev_es.creation.driver import CreationDriver, CreationHandedOver, Fenced
+from kandev_es.creation.driver import CreationDriver, Fenced
 from kandev_es.creation.found import Holders, as_kind
 from kandev_es.creation.handles import Handle, handle_hash, new_secret
 from kandev_es.creation.outcomes import CreateResult, Outcome
 from kandev_es.creation.request import load_create_request
 from kandev_es.creation.steps.registry import plan_step_names
-from kandev_es.creation.steps.wip import CapacityExceeded
 from kandev_es.creation.validation import validate_against_workspace
 from kandev_es.domain import creation
 from kandev_es.domain.external_id import identity_id, normalize_external_id
@@ -33,7 +31,13 @@ from kandev_es.domain.principal import Principal, Unconfirmed
 from kandev_es.domain.task import Task
 from kandev_es.domain.wip import WipLedger, wip_ledger_id
 from kandev_es.domain.workspace import Workspace
-from kandev_es.errors import Conflict, InvalidExternalId, TaskNotCreated
+from kandev_es.errors import (
+    CapacityExceeded,
+    Conflict,
+    CreationHandedOver,
+    InvalidExternalId,
+    TaskNotCreated,
+)
 from kandev_es.storage.attestation import AttestationGuard
 from kandev_es.views import task_dto
 
@@ -122,17 +126,19 @@ class CreationService:
                 return found
             failpoints.hit(self._settings, "lookup:after")  # missed; nothing written yet
         fields = load_create_request(body)  # step 4: only after the lookup missed
-        validate_against_workspace(
-            self._app, workspace, fields, self._settings.allowed_repository_roots
-        )
+        # The roots are resolved on the filesystem: only when a path is checked.
+        roots = self._settings.allowed_repository_roots if fields["repositories"] else ()
+        validate_against_workspace(self._app, workspace, fields, roots)
         number = self._app.next_office_number(workspace.id)  # step 5
         plan = CreationPlan(
             workspace_id=workspace.id,
             external_id=external_id,
             identifier=f"{workspace.task_prefix}-{number}",
+            # The validated fields hold all the step rules read (attachments,
+            # repositories and their paths, start_agent, wip_limit).
+            steps=plan_step_names(fields),
             **fields,
         )
-        plan = dataclasses.replace(plan, steps=plan_step_names(plan.to_manifest()))
         return self._claim_and_settle(principal, plan, new_secret(), identity, workspace)
 
     def lookup(self, workspace_id: uuid.UUID, external_id: str) -> CreateResult | None:

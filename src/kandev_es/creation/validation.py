@@ -8,10 +8,9 @@ from typing import Any
 
 from kandev_es.application import Tasks
 from kandev_es.creation.placement import check_parent
-from kandev_es.creation.steps.attachments import AttachmentClaimed
 from kandev_es.domain.attachment import Attachment, attachment_id_for
 from kandev_es.domain.workspace import Workspace
-from kandev_es.errors import UnknownReference, ValidationFailed
+from kandev_es.errors import AttachmentClaimed, UnknownReference, ValidationFailed
 from kandev_es.limits import check_repository_path
 
 

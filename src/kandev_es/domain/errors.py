@@ -1,5 +1,7 @@
 """Domain rule violations. The service layer translates them to typed API errors."""
 
+from kandev_es.errors import InternalError
 
-class DomainRuleBroken(Exception):
+
+class DomainRuleBroken(InternalError):
     """A command was issued that the aggregate's current state does not allow."""

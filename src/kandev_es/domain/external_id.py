@@ -12,6 +12,7 @@ byte-exact.
 from __future__ import annotations
 
 import functools
+import re
 import uuid
 
 from kandev_es.errors import InvalidExternalId
@@ -20,9 +21,7 @@ MAX_EXTERNAL_ID_BYTES = 255
 IDENTITY_NAMESPACE = uuid.UUID("6f6b9c1e-5c7a-4d0e-9a43-2f1d8f6a0b71")
 
 
-def _is_ascii_control(char: str) -> bool:
-    code = ord(char)
-    return code <= 0x1F or code == 0x7F
+_ASCII_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def normalize_external_id(raw: object) -> str | None:
@@ -31,13 +30,13 @@ def normalize_external_id(raw: object) -> str | None:
         return None
     if not isinstance(raw, str):
         raise InvalidExternalId("external_id must be a string", reason="not_a_string")
-    for position, char in enumerate(raw):
-        if _is_ascii_control(char):
-            raise InvalidExternalId(
-                "external_id contains an ASCII control character",
-                reason="control_character",
-                position=position,
-            )
+    control = _ASCII_CONTROL.search(raw)
+    if control is not None:
+        raise InvalidExternalId(
+            "external_id contains an ASCII control character",
+            reason="control_character",
+            position=control.start(),
+        )
     trimmed = raw.strip()
     if not trimmed:
         return None

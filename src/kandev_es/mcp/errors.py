@@ -1,8 +1,9 @@
 """The one mapping from typed errors to MCP tool results.
 
 A failure is a tool result with ``isError: true`` whose structured content is
-the REST error body plus the HTTP-like ``status``: callers branch on the same
-machine-readable ``error`` code over REST and MCP."""
+the REST error body plus its HTTP ``status`` (from api/errors.py, the one
+table): callers branch on the same machine-readable ``error`` code over REST
+and MCP."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 
 from mcp_types import CallToolResult, TextContent
 
+from kandev_es.api.errors import http_status
 from kandev_es.errors import KandevError
 
 log = logging.getLogger("kandev_es.mcp")
@@ -25,7 +27,7 @@ def success(body: dict[str, Any]) -> CallToolResult:
 
 
 def failure(error: KandevError) -> CallToolResult:
-    body = error.to_dict() | {"status": error.status}
+    body = error.to_dict() | {"status": http_status(error)}
     return _error_result(body)
 
 

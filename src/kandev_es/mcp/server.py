@@ -27,6 +27,7 @@ from mcp_types import (
 )
 
 from kandev_es import __version__
+from kandev_es.api.errors import http_status
 from kandev_es.bootstrap import Services
 from kandev_es.errors import KandevError
 from kandev_es.mcp import errors, tools
@@ -66,7 +67,8 @@ def build_server(services: Services, secret_for: SecretSource) -> Server[Any]:
         try:
             body = await anyio.to_thread.run_sync(work)
         except KandevError as error:
-            log.info("mcp tool=%s error=%s status=%s", params.name, error.code, error.status)
+            status = http_status(error)
+            log.info("mcp tool=%s error=%s status=%s", params.name, error.code, status)
             return errors.failure(error)
         except Exception as error:
             return errors.unexpected(error)

@@ -9,14 +9,7 @@ from kandev_es.application import Tasks
 from kandev_es.creation.handles import matches, parse_handle
 from kandev_es.domain.identity import Identity
 from kandev_es.domain.principal import Principal
-from kandev_es.errors import NotFound
-
-
-class CreationNotFound(NotFound):
-    code = "creation not found"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"error": "creation not found"}
+from kandev_es.errors import CreationNotFound
 
 
 class CreationStatusService:

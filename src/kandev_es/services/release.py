@@ -14,26 +14,17 @@ from kandev_es.domain.external_id import identity_id, require_external_id
 from kandev_es.domain.identity import COMPLETED, PREPARING, Identity
 from kandev_es.domain.release import ReleaseOperation, release_operation_id
 from kandev_es.domain.task import Task
-from kandev_es.errors import BadRequest, Conflict, ValidationFailed
+from kandev_es.errors import (
+    Conflict,
+    MissingOperationId,
+    OperationIdReused,
+    ReleaseConflict,
+)
 from kandev_es.storage.attestation import AttestationGuard
 from kandev_es.views import task_dto
 
 OPERATION_ID = re.compile(r"^[\x21-\x7e]{1,200}$")
 ATTEMPTS = 16
-
-
-class MissingOperationId(BadRequest):
-    code = "idempotency_key_required"
-
-
-class OperationIdReused(ValidationFailed):
-    code = "operation_id_reused"
-
-
-class ReleaseConflict(Conflict):
-    """The creation is in phase B (completing/aborting): release must wait."""
-
-    code = "release_conflict"
 
 
 @dataclass(frozen=True)

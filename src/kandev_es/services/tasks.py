@@ -17,7 +17,7 @@ from kandev_es.domain.task import TASK_ABORTED, TASK_PREPARING, Task
 from kandev_es.domain.wip import WipLedger, wip_ledger_id
 from kandev_es.domain.workspace import Workspace
 from kandev_es.errors import (
-    Conflict,
+    CreationInProgress,
     ExternalIdImmutable,
     OperatorRequired,
     RevisionMismatch,
@@ -29,12 +29,6 @@ from kandev_es.storage.database import Database
 from kandev_es.views import task_dto
 
 EDITED = "task is being edited concurrently; retry"
-
-
-class CreationInProgress(Conflict):
-    """Callers never repair, edit or delete a task whose creation is unsettled."""
-
-    code = "creation_in_progress"
 
 
 class TaskPatchSchema(Schema):

@@ -18,6 +18,10 @@ an id that may still appear. This module finds how far that is safe.
   exist is visible in that statement: L is **settled**. The read returns
   rows up to the highest settled L only, in that same statement, so what
   it returns and what it judges settled come from one snapshot.
+- Every such row has ``transaction_id`` < xmin already, so the read does not
+  filter on the column: after a logical restore (pg_dump into another
+  cluster) the stored transaction ids come from the old cluster, and such a
+  filter would hide every restored event, for good.
 
 A checkpoint is a process-wide fact, so one ``Horizon`` per recorder serves
 every reader in the process. A long open write transaction anywhere in the
@@ -75,7 +79,7 @@ class Horizon:
             " FROM settled s LEFT JOIN LATERAL ("
             "  SELECT notification_id, originator_id, originator_version, topic, state"
             f"  FROM {table_sql} WHERE notification_id > %(after)s"
-            "   AND notification_id <= s.bound AND transaction_id < s.xmin"
+            "   AND notification_id <= s.bound"
             f"{topics} ORDER BY notification_id LIMIT %(limit)s) e ON true"
             " ORDER BY e.notification_id"
         )

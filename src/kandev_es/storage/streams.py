@@ -8,9 +8,11 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping, Sequence
 
+from kandev_es.errors import InternalError
+
 Versions = Mapping[uuid.UUID, int]  # (aggregate id -> version the caller read)
 Since = Sequence[tuple[uuid.UUID, int]]  # (aggregate id, version already known)
 
 
-class StreamsAdvanced(Exception):
+class StreamsAdvanced(InternalError):
     """A stream the guarded save depended on gained events after it was read."""

@@ -18,14 +18,9 @@ from kandev_es.config import agent_environment, data_path
 from kandev_es.creation.steps.base import RunCredentials, StepContext, StepFailed
 from kandev_es.domain.agent_session import session_id_for
 from kandev_es.domain.token import RunCredentialRevoked
-from kandev_es.errors import KandevError
+from kandev_es.errors import AgentLaunchFailed
 
 log = logging.getLogger(__name__)
-
-
-class AgentLaunchFailed(KandevError):
-    status = 502
-    code = "agent_launch_failed"
 
 
 def _reap(

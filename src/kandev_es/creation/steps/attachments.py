@@ -12,11 +12,7 @@ from kandev_es.creation.steps.base import (
 )
 from kandev_es.domain.attachment import Attachment, attachment_id_for
 from kandev_es.domain.errors import DomainRuleBroken
-from kandev_es.errors import Conflict, Contended, UnknownReference
-
-
-class AttachmentClaimed(Conflict):
-    code = "attachment_claimed"
+from kandev_es.errors import AttachmentClaimed, Contended, UnknownReference
 
 
 class AttachmentClaimStep:

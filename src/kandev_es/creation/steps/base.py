@@ -8,7 +8,7 @@ from typing import Any, Protocol
 
 from kandev_es.application import Tasks
 from kandev_es.config import Settings
-from kandev_es.errors import KandevError
+from kandev_es.errors import InternalError, KandevError
 
 STARTED = "started"
 SUCCEEDED = "succeeded"
@@ -48,7 +48,7 @@ class StepContext:
         return f"{self.task_id}:{step_name}"
 
 
-class StepFailed(Exception):
+class StepFailed(InternalError):
     """The effect definitely did not happen and will not: abort the creation.
     ``error`` is what the creating caller receives."""
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+from kandev_es.errors import InternalError
 
-class GitError(Exception):
-    pass
+
+class GitError(InternalError):
+    """A git command failed; the step that ran it decides what that means."""
 
 
 def git(repo: Path | str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:

@@ -18,16 +18,7 @@ from kandev_es.creation.steps.git import (
     git,
     worktree_paths,
 )
-from kandev_es.errors import Conflict, KandevError
-
-
-class BranchTaken(Conflict):
-    code = "branch_exists"
-
-
-class RepositoryEffectFailed(KandevError):
-    status = 502
-    code = "repository_effect_failed"
+from kandev_es.errors import BranchTaken, RepositoryEffectFailed
 
 
 class RepositoryStep:

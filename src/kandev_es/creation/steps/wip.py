@@ -11,11 +11,7 @@ from kandev_es.creation.steps.base import (
     StepFailed,
 )
 from kandev_es.domain.wip import CapacityExhausted, WipLedger, wip_ledger_id
-from kandev_es.errors import Conflict, Contended
-
-
-class CapacityExceeded(Conflict):
-    code = "capacity_exhausted"
+from kandev_es.errors import CapacityExceeded, Contended
 
 
 class WipReservationStep:

@@ -1,0 +1,65 @@
+"""The SQL our PostgreSQL recorder installs beside the library's table: the
+one-call save and the in-place upgrade of an older events table (README:
+Ordering without a global lock)."""
+
+from __future__ import annotations
+
+from psycopg.sql import SQL, Composable, Composed, Literal
+
+
+def upgrade_statement(table: Composable, table_sql: str) -> Composed:
+    """Brings an events table of any earlier version to this one, keeping every
+    row: adds ``transaction_id`` (existing rows get 0, new rows their own
+    transaction's id) and makes ``notification_id``'s default take the
+    transaction's id before it draws from the sequence (settled.py relies on
+    that order). Checked against the catalog first, so a second ``db init``
+    takes no lock."""
+    name = Literal(table_sql)
+    return SQL(
+        "DO $UPGRADE$ BEGIN"
+        " IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = {name}::regclass"
+        "  AND attname = 'transaction_id' AND NOT attisdropped) THEN"
+        "  ALTER TABLE {table} ADD COLUMN transaction_id xid8 NOT NULL DEFAULT '0'::xid8;"
+        "  ALTER TABLE {table} ALTER COLUMN transaction_id SET DEFAULT pg_current_xact_id();"
+        " END IF;"
+        " IF NOT EXISTS (SELECT 1 FROM pg_attrdef d JOIN pg_attribute a"
+        "  ON a.attrelid = d.adrelid AND a.attnum = d.adnum"
+        "  WHERE d.adrelid = {name}::regclass AND a.attname = 'notification_id'"
+        "  AND pg_get_expr(d.adbin, d.adrelid) LIKE '%pg_current_xact_id()%') THEN"
+        "  EXECUTE format('ALTER TABLE %s ALTER COLUMN notification_id SET DEFAULT"
+        "   CASE WHEN pg_current_xact_id() IS NOT NULL THEN nextval(%L::regclass) END',"
+        "   {name}, pg_get_serial_sequence({name}, 'notification_id'));"
+        " END IF;"
+        " END $UPGRADE$"
+    ).format(name=name, table=table)
+
+
+def insert_function(function: Composable, table: Composable) -> Composed:
+    """``kandev_insert_events``: the streams' locks (sorted, so two saves never
+    deadlock; exclusive for written streams, shared for guard streams), then
+    the guard, then the insert, in one statement. No table lock: readers cope
+    with ids committing out of order (settled.py)."""
+    return SQL(
+        "CREATE OR REPLACE FUNCTION {function}("
+        "ids uuid[], versions bigint[], topics text[], states bytea[],"
+        " guard_ids uuid[], guard_versions bigint[])"
+        " RETURNS SETOF bigint LANGUAGE plpgsql AS $BODY$"
+        " DECLARE key bigint; exclusive boolean;"
+        " BEGIN"
+        "  FOR key, exclusive IN SELECT k, bool_or(x) FROM ("
+        "    SELECT hashtextextended(i::text, 0) AS k, true AS x FROM unnest(ids) AS i"
+        "    UNION ALL SELECT hashtextextended(g::text, 0), false"
+        "    FROM unnest(guard_ids) AS g) AS streams GROUP BY k ORDER BY k LOOP"
+        "   IF exclusive THEN PERFORM pg_advisory_xact_lock(key);"
+        "   ELSE PERFORM pg_advisory_xact_lock_shared(key); END IF;"
+        "  END LOOP;"
+        "  FOR i IN 1 .. coalesce(array_length(guard_ids, 1), 0) LOOP"
+        "   IF EXISTS (SELECT 1 FROM {table} WHERE originator_id = guard_ids[i]"
+        "    AND originator_version > guard_versions[i]) THEN RETURN; END IF;"
+        "  END LOOP;"
+        "  RETURN QUERY INSERT INTO {table}"
+        "   (originator_id, originator_version, topic, state)"
+        "   SELECT * FROM unnest(ids, versions, topics, states)"
+        "   RETURNING notification_id;"
+        " END $BODY$"
+    ).format(function=function, table=table)

@@ -1,0 +1,81 @@
+"""Without the table lock, a guarded save is still exact on PostgreSQL: a write
+to the guarded stream that is in flight when the guarded save starts makes the
+guarded save wait (the stream's shared lock), see the write once it commits,
+and write nothing (README: Ordering without a global lock)."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from typing import Any
+
+import psycopg
+import pytest
+
+from kandev_es.application import VersionConflict
+from kandev_es.domain.identity import Identity
+from kandev_es.domain.workspace import Workspace
+from kandev_es.storage.database import base_postgres_url, parse_postgres_url
+
+INSERT = (
+    "SELECT kandev_insert_events(%b::uuid[], %b::bigint[], %b::text[], %b::bytea[],"
+    " %b::uuid[], %b::bigint[])"
+)
+WAITING_ADVISORY = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+
+
+@pytest.mark.postgres_only
+def test_a_guarded_save_waits_for_a_write_in_flight_to_its_guard_and_then_writes_nothing(
+    services, workspace, settings
+) -> None:
+    app = services.app
+    read_version = workspace.version
+    moving = app.load(workspace.id, Workspace)
+    moving.set_wip_limit(3)
+    stored = [app.mapper.to_stored_event(e) for e in moving.collect_events()]
+    schema = parse_postgres_url(settings.database_url)["POSTGRES_SCHEMA"]
+    url = base_postgres_url(settings.database_url)
+    writer = psycopg.connect(url, options=f"-c search_path={schema}")  # a transaction, held
+    watcher = psycopg.connect(url, autocommit=True)
+    outcome: dict[str, Any] = {}
+    late = Identity.register(uuid.uuid4(), workspace.id, "G-1")
+
+    def guarded_save() -> None:
+        try:
+            app.save_atomically(late, unchanged={workspace.id: read_version})
+            outcome["saved"] = True
+        except VersionConflict:
+            outcome["saved"] = False
+
+    try:
+        writer.execute(
+            INSERT,
+            (
+                [e.originator_id for e in stored],
+                [e.originator_version for e in stored],
+                [e.topic for e in stored],
+                [e.state for e in stored],
+                [],
+                [],
+            ),
+        )
+        saver = threading.Thread(target=guarded_save)
+        saver.start()
+        deadline = time.monotonic() + 30
+        # The guarded save must queue behind the write in flight (a save that
+        # checked without waiting would finish here, having seen nothing).
+        while saver.is_alive():
+            row = watcher.execute(WAITING_ADVISORY).fetchone()
+            if row is not None and row[0] > 0:
+                break
+            assert time.monotonic() < deadline, "the guarded save never waited"
+            time.sleep(0.01)
+        writer.commit()
+        saver.join(30)
+        assert outcome == {"saved": False}
+        assert app.load(late.id, Identity) is None
+        assert app.load(workspace.id, Workspace).version == read_version + 1
+    finally:
+        writer.close()
+        watcher.close()
