@@ -1,7 +1,8 @@
 """REST and MCP answer one task representation: the REST task body (dumped
 through TaskSchema by the route) and the MCP tools' task output have the same
-fields and values, for a task holding an external ID and one holding none.
-A real MCP server process; both backends."""
+fields and values, for a task holding an external ID and one holding none, and
+the MCP tools publish TaskSchema as their output schema (the SDK client checks
+every successful answer against it). A real MCP server process; both backends."""
 
 from __future__ import annotations
 
@@ -65,3 +66,21 @@ async def test_rest_and_mcp_return_the_same_task_body(settings, services, client
     assert {item["id"]: item for item in listing["items"]} == {
         held["id"]: rest_held, plain["id"]: rest_plain,
     }
+
+
+async def test_the_mcp_task_tools_publish_the_task_schema_as_their_output(
+    settings, services, member
+):
+    _, secret = member
+    async with mcp_stdio(settings, secret) as mcp:
+        listed = {tool.name: tool for tool in (await mcp.list_tools()).tools}
+    declared = TaskSchema().fields
+    required = {name for name, field in declared.items() if field.required}
+    for name in ("get_task", "update_task"):
+        output = listed[name].output_schema
+        assert output is not None, name
+        assert set(output["properties"]) == set(declared), name
+        assert set(output["required"]) == required == set(declared) - {"external_id"}
+    listing = listed["list_tasks"].output_schema
+    assert listing is not None
+    assert listing["properties"]["items"]["items"] == listed["get_task"].output_schema

@@ -21,6 +21,8 @@ from typing import Any
 from kandev_es.config import Settings
 
 WAIT_S = 30.0
+BIND_ATTEMPTS = 3
+ADDRESS_IN_USE = "Address already in use"
 TOKEN_RE = re.compile(r"admin token \(shown once\): (kes_\S+)")
 WORKSPACE_RE = re.compile(r"workspace default = ([0-9a-f-]{36})")
 
@@ -168,25 +170,38 @@ class ServedProcess(Launched):
         launcher: list[str] | None = None,
         **extra_env: str,
     ) -> None:
-        self.port = port or free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        args = ["serve", "--host", "127.0.0.1", "--port", str(self.port)]
-        if workers is not None:
-            args += ["--workers", str(workers)]
-        super().__init__(
-            args,
-            settings,
-            _fresh_log(log_dir, f"serve-{self.port}"),
-            launcher,
-            KANDEV_PUBLIC_URL=self.base,
-            **extra_env,
-        )
-        try:
-            self.token, self.workspace_id = self._banner()
-            self.wait_healthy()
-        except BaseException:
-            self.stop()
-            raise
+        self._earlier = ""
+        attempts = 1 if port else BIND_ATTEMPTS
+        for attempt in range(1, attempts + 1):
+            self.port = port or free_port()
+            self.base = f"http://127.0.0.1:{self.port}"
+            args = ["serve", "--host", "127.0.0.1", "--port", str(self.port)]
+            if workers is not None:
+                args += ["--workers", str(workers)]
+            super().__init__(
+                args,
+                settings,
+                _fresh_log(log_dir, f"serve-{self.port}"),
+                launcher,
+                KANDEV_PUBLIC_URL=self.base,
+                **extra_env,
+            )
+            try:
+                self.token, self.workspace_id = self._banner()
+                self.wait_healthy()
+                return
+            except BaseException:
+                self.stop()
+                # The probed port was taken (by any process on this busy machine)
+                # before gunicorn bound it: start again on another. What the
+                # failed start printed (a first start's token) still counts.
+                if attempt == attempts or ADDRESS_IN_USE not in super().output():
+                    raise
+                self._earlier = self.output()
+
+    def output(self) -> str:
+        """Everything this start printed, also on a port it then lost."""
+        return self._earlier + super().output()
 
     @property
     def first_start(self) -> bool:

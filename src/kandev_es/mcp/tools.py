@@ -11,9 +11,11 @@ from typing import Any
 
 from apispec import APISpec
 from apispec.ext.marshmallow import MarshmallowPlugin
+from marshmallow import Schema
 from mcp_types import Tool, ToolAnnotations
 
 from kandev_es.creation.request import CreateTaskRequestSchema
+from kandev_es.views import TaskSchema
 
 CREATE_TASK = "create_task_kandev"
 GET_TASK = "get_task"
@@ -73,19 +75,37 @@ _CREATE_OVERLAY: dict[str, dict[str, Any]] = {
 }
 
 
-def _create_schema() -> dict[str, Any]:
+def _json_schema(schema: type[Schema]) -> dict[str, Any]:
+    """A marshmallow schema as JSON Schema, exactly as OpenAPI publishes it."""
     plugin = MarshmallowPlugin()
     APISpec("kandev-es MCP", "1", "3.1.0", plugins=[plugin])  # initialises the converter
     assert plugin.converter is not None
-    schema: dict[str, Any] = plugin.converter.schema2jsonschema(  # type: ignore[no-untyped-call]
-        CreateTaskRequestSchema
+    converted: dict[str, Any] = plugin.converter.schema2jsonschema(  # type: ignore[no-untyped-call]
+        schema
     )
+    return converted
+
+
+def _create_schema() -> dict[str, Any]:
+    schema = _json_schema(CreateTaskRequestSchema)
     for name, extra in _CREATE_OVERLAY.items():
         schema["properties"][name] = schema["properties"][name] | extra
     return schema
 
 
 CREATE_SCHEMA: dict[str, Any] = _create_schema()
+
+# What get_task and update_task answer: the one task representation (views.py),
+# so an MCP client can check every answer against the contract REST publishes.
+TASK_OUTPUT_SCHEMA: dict[str, Any] = _json_schema(TaskSchema)
+LIST_OUTPUT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "items": {"type": "array", "items": TASK_OUTPUT_SCHEMA},
+        "next_cursor": {"type": ["integer", "null"], "description": "null on the last page"},
+    },
+    "required": ["items", "next_cursor"],
+}
 
 TASK_ID_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -137,6 +157,7 @@ TOOLS = [
         description="One task by id, read from the event store (always your own writes). "
         "external_id is present only while the task holds one.",
         input_schema=TASK_ID_SCHEMA,
+        output_schema=TASK_OUTPUT_SCHEMA,
         annotations=ToolAnnotations(read_only_hint=True),
     ),
     Tool(
@@ -146,6 +167,7 @@ TOOLS = [
         "creates by the projection delay). Not a lookup: to make sure a task exists for "
         "an external_id, call create_task_kandev with it; never decide from a list.",
         input_schema=LIST_SCHEMA,
+        output_schema=LIST_OUTPUT_SCHEMA,
         annotations=ToolAnnotations(read_only_hint=True),
     ),
     Tool(
@@ -155,6 +177,7 @@ TOOLS = [
         "finished. external_id is immutable: passing it is an error "
         "(external_id_immutable).",
         input_schema=UPDATE_SCHEMA,
+        output_schema=TASK_OUTPUT_SCHEMA,
         annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False),
     ),
 ]
