@@ -12,6 +12,7 @@ from typing import Any
 import anyio
 import pytest
 
+from kandev_es.creation.outcomes import CreateTaskResponseSchema
 from kandev_es.views import TaskSchema
 from tests.conftest import bearer
 from tests.support.mcp_client import call, mcp_stdio
@@ -84,3 +85,7 @@ async def test_the_mcp_task_tools_publish_the_task_schema_as_their_output(
     listing = listed["list_tasks"].output_schema
     assert listing is not None
     assert listing["properties"]["items"]["items"] == listed["get_task"].output_schema
+    create = listed["create_task_kandev"].output_schema
+    assert create is not None
+    assert set(create["properties"]) == set(CreateTaskResponseSchema().fields)
+    assert set(declared) < set(create["properties"])

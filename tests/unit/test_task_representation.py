@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from marshmallow import fields
 
 from kandev_es.api import schemas
+from kandev_es.creation.outcomes import CreateResult, CreateTaskResponseSchema, Outcome
 from kandev_es.domain.task import Task
 from kandev_es.views import TaskSchema, _reader, task_dto
 
@@ -110,3 +111,12 @@ def test_a_task_attribute_named_in_metadata_is_read() -> None:
     )
     read = _reader("who", fields.String(metadata={"task_attribute": "created_by"}))
     assert read(task) == "token:t"
+
+
+@given(tasks(), st.sampled_from(list(Outcome)), st.none() | st.text(min_size=1, max_size=40))
+def test_every_create_answer_is_exactly_its_schema(
+    task: Task, outcome: Outcome, handle: str | None
+) -> None:
+    body = CreateResult(outcome, task_dto(task), handle).to_response()
+    assert CreateTaskResponseSchema().dump(body) == body  # no field the contract lacks
+    assert CreateTaskResponseSchema().validate(json.loads(json.dumps(body))) == {}

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from marshmallow import Schema, fields, validate
 
-from kandev_es.creation.outcomes import Outcome
+# The create answer's schema lives beside CreateResult, which builds it.
+from kandev_es.creation.outcomes import CreateTaskResponseSchema as CreateTaskResponseSchema
 from kandev_es.limits import MAX_CURSOR
 
 # The one task representation lives in views.py; re-exported for the routes.
@@ -15,31 +16,6 @@ class ApiErrorSchema(Schema):
     error = fields.String(required=True, metadata={"description": "machine-readable code"})
     message = fields.String()
     details = fields.Dict()
-
-
-class CreateTaskResponseSchema(TaskSchema):
-    outcome = fields.String(required=True, validate=validate.OneOf([o.value for o in Outcome]))
-    deduplicated = fields.Boolean(required=True)
-    creation_complete = fields.Boolean(
-        required=True,
-        metadata={
-            "description": (
-                "true when the task finished its synchronous creation. "
-                "deduplicated=true with creation_complete=false means another create owns "
-                "the identity: proceed with this task, poll the lookup, or escalate; never "
-                "release and recreate."
-            )
-        },
-    )
-    advice = fields.String()
-    creation_handle = fields.String(
-        metadata={
-            "description": (
-                "private, only on created outcomes: read your own creation's step states "
-                "at /api/v1/creations/{handle}"
-            )
-        }
-    )
 
 
 class ReleaseResponseSchema(TaskSchema):

@@ -1,4 +1,6 @@
-"""The four outcomes of a create carrying an external ID (README: Outcomes)."""
+"""The four outcomes of a create carrying an external ID (README: Outcomes), and
+the create answer: ``CreateResult.to_response`` builds it and
+``CreateTaskResponseSchema`` is its contract (REST and MCP publish it)."""
 
 from __future__ import annotations
 
@@ -6,6 +8,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
+
+from marshmallow import fields, validate
+
+from kandev_es.views import TaskSchema
 
 
 class Outcome(StrEnum):
@@ -47,3 +53,28 @@ class CreateResult:
         if self.outcome is Outcome.FOUND_UNSETTLED:
             body["advice"] = UNSETTLED_ADVICE
         return body
+
+
+class CreateTaskResponseSchema(TaskSchema):
+    outcome = fields.String(required=True, validate=validate.OneOf([o.value for o in Outcome]))
+    deduplicated = fields.Boolean(required=True)
+    creation_complete = fields.Boolean(
+        required=True,
+        metadata={
+            "description": (
+                "true when the task finished its synchronous creation. "
+                "deduplicated=true with creation_complete=false means another create owns "
+                "the identity: proceed with this task, poll the lookup, or escalate; never "
+                "release and recreate."
+            )
+        },
+    )
+    advice = fields.String()
+    creation_handle = fields.String(
+        metadata={
+            "description": (
+                "private, only on created outcomes: read your own creation's step states "
+                "at /api/v1/creations/{handle}"
+            )
+        }
+    )

@@ -14,6 +14,7 @@ from apispec.ext.marshmallow import MarshmallowPlugin
 from marshmallow import Schema
 from mcp_types import Tool, ToolAnnotations
 
+from kandev_es.creation.outcomes import CreateTaskResponseSchema
 from kandev_es.creation.request import CreateTaskRequestSchema
 from kandev_es.views import TaskSchema
 
@@ -95,8 +96,10 @@ def _create_schema() -> dict[str, Any]:
 
 CREATE_SCHEMA: dict[str, Any] = _create_schema()
 
-# What get_task and update_task answer: the one task representation (views.py),
-# so an MCP client can check every answer against the contract REST publishes.
+# What the tools answer, from the schemas REST publishes (the create answer of
+# creation/outcomes.py; the one task representation of views.py), so an MCP
+# client can check every answer against the same contract.
+CREATE_OUTPUT_SCHEMA: dict[str, Any] = _json_schema(CreateTaskResponseSchema)
 TASK_OUTPUT_SCHEMA: dict[str, Any] = _json_schema(TaskSchema)
 LIST_OUTPUT_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -149,6 +152,7 @@ TOOLS = [
         title="Create a task (create-if-absent by external_id)",
         description=CREATE_DESCRIPTION,
         input_schema=CREATE_SCHEMA,
+        output_schema=CREATE_OUTPUT_SCHEMA,
         annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False),
     ),
     Tool(
