@@ -37,7 +37,8 @@ class ClientError(Exception):
     """The server answered with an error that retrying will not change."""
 
     def __init__(self, status: int, body: Any) -> None:
-        code = body.get("code") if isinstance(body, dict) else None
+        # The machine-readable code is the error body's ``error`` (api/errors.py).
+        code = body.get("error") if isinstance(body, dict) else None
         super().__init__(f"{status} {code or ''}: {body}")
         self.status = status
         self.code = code

@@ -41,7 +41,7 @@ def test_bad_input_is_a_typed_error_and_not_retried(server):
     with Client(server.base, server.token) as client:
         with pytest.raises(ClientError) as caught:
             client.create_task(server.workspace_id, "", external_id="BAD-1")
-        assert 400 <= caught.value.status < 500
+        assert (caught.value.status, caught.value.code) == (422, "validation_failed")
         assert client.lookup(server.workspace_id, "BAD-1") is None
 
 
