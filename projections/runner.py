@@ -96,7 +96,7 @@ class ProjectionRunner:
     def behind(self) -> bool:
         """Whether some projection stopped below the head seen by the last
         pass: events there are waiting for an older transaction to end."""
-        return any(position < self.head for position in self.reached.values())
+        return any(self.reached.get(p.name, self.head) < self.head for p in self.projections)
 
     def catch_up(self, timeout: float = CATCH_UP_SECONDS) -> int:
         """Apply everything committed before the call; return how many events
@@ -174,12 +174,15 @@ class ProjectionRunner:
                     self._stop.wait(min(poll_seconds * 2**streak, MAX_BACKOFF_SECONDS))
                     continue
                 streak = 0
-                if read:
+                behind = not read and self.behind()
+                if not behind:
                     pause = UNSETTLED_POLL_SECONDS
-                elif self.behind():
+                if read:
+                    continue
+                if behind and pause < poll_seconds:
                     # Events above the settled position wait for an older
                     # transaction, which may not NOTIFY when it ends: look again soon.
-                    self._stop.wait(min(poll_seconds, pause))
+                    self._stop.wait(pause)
                     pause *= 2
                 else:
                     self.waker.wait(poll_seconds, self._stop)

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 from enum import StrEnum
 from typing import Any
 
@@ -57,14 +59,22 @@ class Event:
 
 
 def _retry_after(response: httpx.Response | None, fallback: float) -> float:
-    """Seconds the server asked us to wait, else our own backoff."""
+    """Seconds the server asked us to wait (delta-seconds or an HTTP date),
+    else our own backoff."""
     if response is None:
         return fallback
-    value = response.headers.get("Retry-After", "")
+    value = response.headers.get("Retry-After", "").strip()
     try:
         return max(0.0, float(value))
     except ValueError:
+        pass
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
         return fallback
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - datetime.now(UTC)).total_seconds())
 
 
 class Client:
@@ -77,12 +87,18 @@ class Client:
         deadline: float = 30.0,
         backoff: float = 0.1,
         max_backoff: float = 2.0,
+        event_hooks: Mapping[str, Sequence[Callable[..., Any]]] | None = None,
     ) -> None:
+        """``timeout`` bounds one attempt, ``deadline`` a call with its retries
+        (no attempt runs or sleeps past it); ``event_hooks`` are httpx's, to log
+        or observe every request and response."""
         self._http = httpx.Client(
             base_url=base_url.rstrip("/") + "/api/v1",
             headers={"Authorization": f"Bearer {token}"},
             timeout=timeout,
+            event_hooks={name: list(hooks) for name, hooks in (event_hooks or {}).items()},
         )
+        self.timeout = timeout
         self.deadline = deadline
         self.backoff = backoff
         self.max_backoff = max_backoff
@@ -110,8 +126,12 @@ class Client:
             attempts += 1
             response: httpx.Response | None = None
             failure: Exception | None = None
+            # An attempt may not outlast the deadline either (a server that hangs).
+            remaining = max(ends - time.monotonic(), 0.001)
             try:
-                response = self._send(method, path, **kwargs)
+                response = self._send(
+                    method, path, timeout=min(self.timeout, remaining), **kwargs
+                )
                 if response.status_code not in RETRY_STATUSES:
                     return response, attempts
             except httpx.TransportError as error:
@@ -182,6 +202,8 @@ class Client:
         ends = time.monotonic() + self.deadline
         while True:
             headers = {"Last-Event-ID": last} if last is not None else {}
+            wait = self.backoff
+            failure: Exception | None = None
             try:
                 with self._http.stream(
                     "GET",
@@ -190,20 +212,25 @@ class Client:
                     params=params,
                 ) as response:
                     if response.status_code in RETRY_STATUSES:
-                        time.sleep(min(_retry_after(response, self.backoff), self.max_backoff))
-                        continue
-                    if response.status_code != 200:
+                        # Busy (all stream slots taken): wait as the server says.
+                        response.read()
+                        wait = _retry_after(response, self.backoff)
+                        failure = ClientError(response.status_code, _body(response))
+                    elif response.status_code != 200:
                         response.read()
                         raise ClientError(response.status_code, _body(response))
-                    for event in _parse_sse(response.iter_lines()):
-                        last = event.id or last
-                        ends = time.monotonic() + self.deadline
-                        yield event
-            except httpx.TransportError:
-                pass  # dropped: resume from `last`
-            if time.monotonic() >= ends:
-                raise DeadlineExceeded("event stream did not come back")
-            time.sleep(self.backoff)
+                    else:
+                        ends = time.monotonic() + self.deadline  # connected: a quiet feed is fine
+                        for event in _parse_sse(response.iter_lines()):
+                            last = event.id or last
+                            ends = time.monotonic() + self.deadline
+                            yield event
+            except httpx.TransportError as error:
+                failure = error  # dropped: resume from `last`
+            # Reconnected within `deadline` of the last connection or event, or not at all.
+            if time.monotonic() + wait >= ends:
+                raise DeadlineExceeded("event stream did not come back") from failure
+            time.sleep(wait)
 
 
 def _parse_sse(lines: Iterator[str]) -> Iterator[Event]:
