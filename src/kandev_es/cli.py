@@ -14,6 +14,7 @@ import click
 from kandev_es.bootstrap import Services, bootstrap, init_storage
 from kandev_es.cli_agentctl import register as register_agentctl
 from kandev_es.cli_ops import register as register_ops
+from kandev_es.cli_usage import AT_LEAST_ONE, PORT, SECONDS, OneLineUsage, resolvable_host
 from kandev_es.config import Settings, load_settings
 from kandev_es.errors import InvalidSetting, KandevError
 
@@ -36,7 +37,7 @@ class SettingError(click.ClickException):
     exit_code = 2
 
 
-@click.group(context_settings={"max_content_width": 100})
+@click.group(cls=OneLineUsage, context_settings={"max_content_width": 100})
 @click.option(
     "--log-level",
     default=None,
@@ -210,7 +211,9 @@ def release(workspace_id: str, external_id: str, operation_id: str) -> None:
 
 @main.command(short_help="Run the fenced recovery Runtime (finish or abort orphaned creations).")
 @click.option("--once", is_flag=True, help="one recovery scan, then exit")
-@click.option("--poll", default=1.0, show_default=True, help="seconds between scans")
+@click.option(
+    "--poll", default=1.0, show_default=True, type=SECONDS, help="seconds between scans"
+)
 def runtime(once: bool, poll: float) -> None:
     """Run the fenced recovery Runtime: finish or abort creations whose owner died."""
     services = _open(create_tables=False)
@@ -240,10 +243,10 @@ def runtime(once: bool, poll: float) -> None:
 
 
 @main.command(short_help="Run the API (embedded SQLite; PostgreSQL with KANDEV_DATABASE_URL).")
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=8000, show_default=True, type=int)
-@click.option("--workers", default=None, type=int, help="web worker processes")
-@click.option("--threads", default=8, show_default=True, type=int)
+@click.option("--host", default="127.0.0.1", show_default=True, callback=resolvable_host)
+@click.option("--port", default=8000, show_default=True, type=PORT)
+@click.option("--workers", default=None, type=AT_LEAST_ONE, help="web worker processes")
+@click.option("--threads", default=8, show_default=True, type=AT_LEAST_ONE)
 def serve(host: str, port: int, workers: int | None, threads: int) -> None:
     """Run the API (embedded SQLite by default; PostgreSQL with KANDEV_DATABASE_URL)."""
     from kandev_es.server import first_start, run_server
@@ -256,8 +259,10 @@ def serve(host: str, port: int, workers: int | None, threads: int) -> None:
 
 @main.command("mcp", short_help="Run the MCP server (stdio, or streamable HTTP with --http).")
 @click.option("--http", "over_http", is_flag=True, help="streamable HTTP instead of stdio")
-@click.option("--host", default="127.0.0.1", show_default=True, help="with --http")
-@click.option("--port", default=8765, show_default=True, type=int, help="with --http")
+@click.option(
+    "--host", default="127.0.0.1", show_default=True, callback=resolvable_host, help="with --http"
+)
+@click.option("--port", default=8765, show_default=True, type=PORT, help="with --http")
 def mcp_server(over_http: bool, host: str, port: int) -> None:
     """Run the MCP server. stdio acts with the token in KANDEV_TOKEN; --http with
     each request's Authorization: Bearer header (endpoint /mcp)."""

@@ -22,6 +22,7 @@ from rich.progress import (
 from rich.text import Text
 
 from kandev_es.bootstrap import Services, bootstrap
+from kandev_es.cli_usage import AT_LEAST_ONE
 from kandev_es.config import load_settings
 from kandev_es.errors import KandevError
 
@@ -40,7 +41,13 @@ class RateColumn(ProgressColumn):
     "rebuild", short_help="Rebuild read models into fresh tables, swapped in atomically."
 )
 @click.option("--name", "names", multiple=True, help="projection to rebuild (repeatable)")
-@click.option("--batch-size", default=5000, show_default=True, help="events per transaction")
+@click.option(
+    "--batch-size",
+    default=5000,
+    show_default=True,
+    type=AT_LEAST_ONE,
+    help="events per transaction",
+)
 def projections_rebuild(names: tuple[str, ...], batch_size: int) -> None:
     """Rebuild read models into fresh tables and swap them in atomically."""
     from kandev_es.projections.base import Rebuildable

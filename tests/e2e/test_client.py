@@ -326,7 +326,7 @@ def test_feed_waits_for_a_stream_slot_as_retry_after_says_never_past_its_deadlin
         with Client(served.base, served.token) as client:
             made = client.create_task(ws, "Streamed", external_id="S-1").task
         holder.request(
-            "GET", f"/api/v1/workspaces/{ws}/events/stream?max_seconds=4",
+            "GET", f"/api/v1/workspaces/{ws}/events/stream?max_seconds=8",
             headers={"Authorization": f"Bearer {served.token}"},
         )
         held = holder.getresponse()

@@ -30,10 +30,10 @@ from kandev_es.config import Settings
 from kandev_es.domain.creation import complete_without_effects
 from kandev_es.domain.external_id import identity_id
 from kandev_es.domain.identity import Identity
-from kandev_es.domain.task import Task
 from kandev_es.domain.workspace import Workspace
 from kandev_es.storage.database import base_postgres_url, parse_postgres_url
 from tests.support.served import ServedProcess, http, run_cli
+from tests.support.tasks import bare_task
 
 WAIT_S = 60.0
 INSERT = (
@@ -154,21 +154,13 @@ class HeldCreation:
             plan_hash="0" * 64,
             lease_expires_at=datetime.now(UTC) + timedelta(minutes=5),
         )
-        task = Task.create(
+        task = bare_task(
             self.task_id,
             workspace_id=workspace_id,
             identity_id=identity.id,
             identifier=f"{workspace.task_prefix}-{app.next_office_number(workspace_id)}",
             external_id=external_id,
             title=external_id,
-            description="",
-            workflow="default",
-            workflow_step="backlog",
-            parent_id=None,
-            repositories=[],
-            attachments=[],
-            start_agent=False,
-            agent_profile=None,
             created_by="token:held",
         )
         complete_without_effects(identity, task, tenure.number)

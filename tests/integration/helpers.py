@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -10,6 +12,7 @@ from kandev_es.domain.external_id import identity_id
 from kandev_es.domain.identity import Identity
 from kandev_es.domain.task import Task
 from tests.conftest import bearer
+from tests.support.tasks import bare_task
 
 
 def create(client: Any, secret: str, **body: Any) -> Any:
@@ -29,21 +32,13 @@ def start_unsettled_creation(services: Services, workspace: Any, external_id: st
     """Write a real preparing tenure — a creation that claimed and has not yet
     completed — the state another create sees while one is in flight."""
     identity = Identity.register(identity_id(workspace.id, external_id), workspace.id, external_id)
-    task = Task.create(
-        __import__("uuid").uuid4(),
+    task = bare_task(
+        uuid.uuid4(),
         workspace_id=workspace.id,
         identity_id=identity.id,
         identifier=f"{workspace.task_prefix}-999",
         external_id=external_id,
         title="in flight",
-        description="",
-        workflow="default",
-        workflow_step="backlog",
-        parent_id=None,
-        repositories=[],
-        attachments=[],
-        start_agent=False,
-        agent_profile=None,
         created_by="token:other",
     )
     identity.claim(
@@ -126,3 +121,44 @@ def crash_create(
         timeout=60,
     )
     assert result.returncode == -9, (result.returncode, result.stdout, result.stderr[-2000:])
+
+
+class PausedCreation:
+    """A create run by the ``paused_owner`` fixture's process-alike in a thread
+    of its own, held at its pause (the workspace gets a WIP policy so that the
+    policy step, where it pauses, runs). ``finish`` lets it go and gives what
+    the create returned (its response) or raised."""
+
+    def __init__(
+        self,
+        client: Any,
+        workspace: Any,
+        admin_secret: str,
+        paused_owner: Any,
+        secret: str,
+        body: dict,
+    ) -> None:
+        slow, wait_until_paused, self._resume = paused_owner
+        client.put(
+            f"/api/v1/workspaces/{workspace.id}/policy",
+            json={"wip_limit": 10},
+            headers=bearer(admin_secret),
+        )
+        principal = slow.tokens.authenticate(secret)
+        self._result: dict[str, Any] = {}
+
+        def owner() -> None:
+            try:
+                self._result["outcome"] = slow.creation.create(principal, body).to_response()
+            except Exception as error:
+                self._result["error"] = error
+
+        self._thread = threading.Thread(target=owner)
+        self._thread.start()
+        wait_until_paused()
+
+    def finish(self) -> tuple[dict | None, Exception | None]:
+        self._resume()
+        self._thread.join(timeout=60)
+        assert not self._thread.is_alive(), "the paused create never finished"
+        return self._result.get("outcome"), self._result.get("error")

@@ -64,7 +64,9 @@ def test_bad_log_level_is_a_one_line_usage_error(tmp_path):
         capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
     )
     assert result.returncode == 2
-    assert "Traceback" not in result.stderr and "LOUD" in result.stderr
+    [line] = result.stderr.splitlines()
+    assert line.startswith("Error: Invalid value for '--log-level': 'LOUD'"), line
+    assert result.stdout == ""
 
 
 def _run(settings, *args: str, **extra: str):
@@ -139,3 +141,62 @@ def test_bad_numeric_setting_is_a_one_line_usage_error(settings):
         assert result.stdout == ""
     # nothing was created: the failure came before any storage was touched
     assert not settings.sqlite_path.exists() or settings.database_url
+
+
+BAD_VALUES = [
+    (("serve", "--port", "abc"), "--port", "'abc' is not a valid integer"),
+    (("serve", "--port", "70000"), "--port", "70000 is not in the range 1<=x<=65535"),
+    (("serve", "--workers", "0"), "--workers", "0 is not in the range x>=1"),
+    (("serve", "--threads", "-1"), "--threads", "-1 is not in the range x>=1"),
+    (("serve", "--host", "no such host!"), "--host", "is not an address or a known host name"),
+    (("mcp", "--port", "0"), "--port", "0 is not in the range"),
+    (("runtime", "--poll", "0"), "--poll", "0.0 is not in the range x>0"),
+    (("runtime", "--poll", "soon"), "--poll", "'soon' is not a valid float"),
+    (("projections", "rebuild", "--batch-size", "0"), "--batch-size", "not in the range x>=1"),
+    (("token", "create", "--admin", "--role", "boss"), "--role", "'boss' is not one of"),
+    (("token", "revoke", "not-a-uuid"), "TOKEN_ID", "not a UUID"),
+    (("release", "--workspace", "W"), "--external-id", "Missing option"),
+    (("serve", "--bogus"), "--bogus", "No such option"),
+    (("nope",), "nope", "No such command"),
+]
+
+
+def test_every_bad_option_value_is_a_one_line_usage_error_that_starts_nothing(tmp_path):
+    """Issue 16.2: exit 2, one line on stderr naming the option and the
+    command's --help, nothing on stdout, no traceback, nothing initialised."""
+    from kandev_es.config import Settings
+
+    settings = Settings(data_dir=tmp_path / "data")
+    for args, option, says in BAD_VALUES:
+        result = _run(settings, *args)
+        assert result.returncode == 2, (args, result.stdout, result.stderr)
+        assert result.stdout == "", args
+        [line] = result.stderr.splitlines()
+        assert line.startswith("Error: ") and option in line and says in line, (args, line)
+        assert line.endswith("--help')"), line
+    assert not (tmp_path / "data").exists(), "a refused command touched the data dir"
+
+
+def test_every_numeric_option_is_bounded():
+    """A count, port or interval of 0 or below is refused by the option's type
+    (serve --port -1 was a traceback, --workers 0 a late exit 1, rebuild
+    --batch-size -5 ran): no numeric option may be a bare int or float."""
+    import click
+
+    from kandev_es.cli import main
+
+    def commands(command: click.Command, path: str):
+        yield path, command
+        if isinstance(command, click.Group):
+            for name, sub in command.commands.items():
+                yield from commands(sub, f"{path} {name}")
+
+    numeric = 0
+    for path, command in commands(main, "kandev-es"):
+        for param in command.params:
+            if isinstance(param.type, click.types.IntParamType | click.types.FloatParamType):
+                numeric += 1
+                assert isinstance(param.type, click.IntRange | click.FloatRange), (
+                    path, param.name,
+                )
+    assert numeric >= 6

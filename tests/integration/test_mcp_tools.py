@@ -51,6 +51,18 @@ async def test_create_tool_describes_create_if_absent_and_the_one_unsafe_move(
     assert {"workspace_id", "external_id", "parent_id", "repositories", "attachments"} <= set(
         schema["properties"]
     )
+    # The limits of the marshmallow schema REST validates with reach the tool
+    # a client lists (issue 17.2: the hand-written schema had none).
+    properties = schema["properties"]
+    assert properties["title"]["maxLength"] == 500
+    assert properties["description"]["maxLength"] == 100_000
+    assert properties["repositories"]["maxItems"] == 20
+    assert properties["repositories"]["items"]["maxLength"] == 200
+    assert properties["attachments"]["maxItems"] == 50
+    assert schema["additionalProperties"] is False
+    update = next(tool for tool in listed if tool.name == "update_task").input_schema
+    assert update["properties"]["description"]["maxLength"] == 100_000
+    assert update["properties"]["workflow_step"]["maxLength"] == 100
 
 
 async def test_get_task_includes_external_id_only_while_held(

@@ -99,7 +99,8 @@ def test_a_refused_create_counts_its_error_type(services: Services):
     assert refused.status_code == 422
     after = scrape_now()
     errors = "kandev_creation_errors_total"
-    assert total(after, errors, error="ValidationFailed") - total(before, errors, error="ValidationFailed") == 1
+    counted = total(after, errors, error="ValidationFailed")
+    assert counted - total(before, errors, error="ValidationFailed") == 1
     assert total(after, "kandev_creations_total") == total(before, "kandev_creations_total")
 
 

@@ -13,7 +13,7 @@ import json
 import threading
 
 from tests.conftest import bearer
-from tests.integration.helpers import create
+from tests.integration.helpers import PausedCreation, create
 
 
 def release(client, workspace, secret, external_id, operation_id=None):
@@ -161,23 +161,10 @@ def test_release_while_preparing_publishes_nothing_then_complete_is_identity_los
 ):
     _, secret = operator
     _, admin_secret = admin
-    slow, wait_until_paused, resume = paused_owner
-    client.put(
-        f"/api/v1/workspaces/{workspace.id}/policy",
-        json={"wip_limit": 10},
-        headers=bearer(admin_secret),
+    paused = PausedCreation(
+        client, workspace, admin_secret, paused_owner, secret,
+        {"external_id": "PREP-1", "title": "slow"},
     )
-    principal = slow.tokens.authenticate(secret)
-    outcome: dict = {}
-    owner = threading.Thread(
-        target=lambda: outcome.update(
-            slow.creation.create(
-                principal, {"external_id": "PREP-1", "title": "slow"}
-            ).to_response()
-        )
-    )
-    owner.start()
-    wait_until_paused()
     in_flight = create(client, secret, external_id="PREP-1", title="t").json
     assert in_flight["outcome"] == "found_unsettled"
 
@@ -188,8 +175,8 @@ def test_release_while_preparing_publishes_nothing_then_complete_is_identity_los
     newcomer = create(client, secret, external_id="PREP-1", title="newcomer").json
     assert newcomer["outcome"] == "created" and newcomer["id"] != in_flight["id"]
 
-    resume()
-    owner.join(timeout=60)
+    outcome, error = paused.finish()
+    assert error is None and outcome is not None
     assert outcome["outcome"] == "created_identity_lost"
     assert outcome["deduplicated"] is False and outcome["creation_complete"] is True
     assert "external_id" not in outcome and outcome["id"] == in_flight["id"]

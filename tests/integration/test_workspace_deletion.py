@@ -5,12 +5,16 @@ wakes up cannot complete into the deleted workspace; identity streams stay."""
 
 from __future__ import annotations
 
-import threading
-
 from kandev_es.domain.external_id import identity_id
 from kandev_es.domain.identity import Identity
 from tests.conftest import bearer
-from tests.integration.helpers import branches, create, make_git_repository, worktrees
+from tests.integration.helpers import (
+    PausedCreation,
+    branches,
+    create,
+    make_git_repository,
+    worktrees,
+)
 
 
 def delete_workspace(client, workspace, secret):
@@ -71,33 +75,16 @@ def test_a_fenced_creation_cannot_complete_into_a_deleted_workspace(
 ):
     _, secret = member
     _, admin_secret = admin
-    slow, wait_until_paused, resume = paused_owner
     repo = make_git_repository(tmp_path / "repo")
     services.repositories.register(workspace.id, "repo", str(repo))
-    client.put(
-        f"/api/v1/workspaces/{workspace.id}/policy",
-        json={"wip_limit": 10},
-        headers=bearer(admin_secret),
+    paused = PausedCreation(
+        client, workspace, admin_secret, paused_owner, secret,
+        {"external_id": "WD-2", "title": "slow", "repositories": ["repo"]},
     )
-    principal = slow.tokens.authenticate(secret)
-    failure: dict = {}
-
-    def owner() -> None:
-        try:
-            slow.creation.create(
-                principal, {"external_id": "WD-2", "title": "slow", "repositories": ["repo"]}
-            )
-        except Exception as error:
-            failure["error"] = error
-
-    thread = threading.Thread(target=owner)
-    thread.start()
-    wait_until_paused()
 
     assert delete_workspace(client, workspace, admin_secret).status_code == 200
-    resume()
-    thread.join(timeout=60)
-    assert getattr(failure.get("error"), "code", None) == "creation_handed_over"
+    _, error = paused.finish()
+    assert getattr(error, "code", None) == "creation_handed_over"
     assert branches(repo) == ["main"] and worktrees(repo) == []
     identity = services.app.load(identity_id(workspace.id, "WD-2"), Identity)
     assert identity is not None
@@ -151,24 +138,10 @@ def test_deleting_a_workspace_records_its_generation_on_a_tenure_released_while_
     counts the task it took out."""
     _, secret = member
     _, admin_secret = admin
-    slow, wait_until_paused, resume = paused_owner
-    client.put(
-        f"/api/v1/workspaces/{workspace.id}/policy",
-        json={"wip_limit": 10},
-        headers=bearer(admin_secret),
+    paused = PausedCreation(
+        client, workspace, admin_secret, paused_owner, secret,
+        {"external_id": "WD-3", "title": "slow"},
     )
-    principal = slow.tokens.authenticate(secret)
-    failure: dict = {}
-
-    def owner() -> None:
-        try:
-            slow.creation.create(principal, {"external_id": "WD-3", "title": "slow"})
-        except Exception as error:
-            failure["error"] = error
-
-    thread = threading.Thread(target=owner)
-    thread.start()
-    wait_until_paused()
     released = client.delete(
         f"/api/v1/workspaces/{workspace.id}/tasks/by-external-id",
         query_string={"external_id": "WD-3"},
@@ -179,9 +152,8 @@ def test_deleting_a_workspace_records_its_generation_on_a_tenure_released_while_
     answer = delete_workspace(client, workspace, admin_secret)
     assert answer.status_code == 200
     assert answer.json["deletion_generation"] == 1 and answer.json["tasks_removed"] == 1
-    resume()
-    thread.join(timeout=60)
-    assert getattr(failure.get("error"), "code", None) == "creation_handed_over"
+    _, error = paused.finish()
+    assert getattr(error, "code", None) == "creation_handed_over"
 
     identity = services.app.load(identity_id(workspace.id, "WD-3"), Identity)
     assert identity is not None

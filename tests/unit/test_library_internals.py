@@ -99,3 +99,18 @@ def test_sqlite_pool_hands_out_writers_through_overridable_methods(tmp_path: Any
     finally:
         datastore.pool.put_connection(conn)
         datastore.pool.close()
+
+
+@pytest.mark.parametrize("owner, method, attribute", [
+    # recorders.py replaces the statement with named columns; renamed, the
+    # library would silently go back to its own SELECT *.
+    ("PostgresAggregateRecorder", "select_events", "self.select_events_statement"),
+    # recorders.py appends its upgrade and insert function to these.
+    ("PostgresAggregateRecorder", "create_table", "self.sql_create_statements"),
+])
+def test_postgres_recorder_reads_the_statements_recorders_py_replaces(owner: str, method: str,
+                                                                       attribute: str) -> None:
+    function = getattr(getattr(postgres, owner), method)
+    source = inspect.getsource(inspect.unwrap(function))
+    assert attribute in source, _changed(
+        "eventsourcing", f"{owner}.{method} reading {attribute}", "storage/recorders.py")

@@ -7,18 +7,20 @@ from typing import Any
 
 from apispec import APISpec
 from apispec.ext.marshmallow import MarshmallowPlugin
+from marshmallow import Schema
 
 from kandev_es.creation.request import CreateTaskRequestSchema
-from kandev_es.mcp.tools import CREATE_SCHEMA
+from kandev_es.mcp.tools import CREATE_SCHEMA, UPDATE_SCHEMA
+from kandev_es.services.tasks import TaskPatchSchema
 
 LIMITS = ("type", "format", "minLength", "maxLength", "maxItems", "items")
 
 
-def _rest_schema() -> dict[str, Any]:
+def _rest_schema(schema_class: type[Schema] = CreateTaskRequestSchema) -> dict[str, Any]:
     plugin = MarshmallowPlugin()
     APISpec("t", "1", "3.1.0", plugins=[plugin])
     assert plugin.converter is not None
-    schema: dict[str, Any] = plugin.converter.schema2jsonschema(CreateTaskRequestSchema)
+    schema: dict[str, Any] = plugin.converter.schema2jsonschema(schema_class)
     return schema
 
 
@@ -44,3 +46,17 @@ def test_create_tool_publishes_the_length_and_item_limits() -> None:
     assert properties["repositories"]["items"]["maxLength"] == 200
     assert properties["attachments"]["maxItems"] == 50
     assert properties["start_agent"]["default"] is True  # MCP's default; REST's is false
+
+
+def test_update_tool_takes_the_patch_fields_and_limits_of_rest() -> None:
+    """update_task's schema is the PATCH body's (TaskPatchSchema) plus the task
+    id and the revision guard: no field or limit of its own."""
+    rest = _rest_schema(TaskPatchSchema)["properties"]
+    properties = UPDATE_SCHEMA["properties"]
+    assert set(properties) == set(rest) | {"task_id", "if_revision"}
+    for name, field in rest.items():
+        assert properties[name] == field, name
+    assert properties["description"]["maxLength"] == 100_000
+    assert properties["workflow_step"]["maxLength"] == 100
+    assert UPDATE_SCHEMA["required"] == ["task_id"]
+    assert UPDATE_SCHEMA["additionalProperties"] is False

@@ -1,6 +1,6 @@
 """A plan's steps are decided once and stored; ``steps_for`` rebuilds exactly
-the stored ones. The domain builds a claim's Identity tenure and Task from the
-plan alone, and completes them, without I/O."""
+the stored ones. The domain decides admission, builds a claim's Identity tenure
+and Task from the plan alone, and completes them, without I/O."""
 
 from __future__ import annotations
 
@@ -27,7 +27,9 @@ from kandev_es.domain.identity import (
 )
 from kandev_es.domain.plan import CreationPlan
 from kandev_es.domain.task import TASK_ACTIVE, TASK_PREPARING
-from kandev_es.errors import UnknownStep
+from kandev_es.domain.wip import WipLedger
+from kandev_es.domain.workspace import Workspace
+from kandev_es.errors import CapacityExceeded, TaskNotCreated, UnknownStep
 
 WORKSPACE = uuid.UUID("0b5e2f0a-1c2d-4e5f-8a9b-0c1d2e3f4a5b")
 SHA = "ab" * 32
@@ -173,3 +175,28 @@ def test_a_tenure_released_while_preparing_completes_without_its_external_id() -
     identity.begin_completing(number)
     assert creation.complete(identity, task, number) == OUTCOME_CREATED_IDENTITY_LOST
     assert (task.phase, task.external_id) == (TASK_ACTIVE, None)
+
+
+# ----- the domain: admission -------------------------------------------------------------
+def test_a_live_workspace_without_a_limit_admits() -> None:
+    assert creation.admission_refusal(Workspace.open("acme"), None) is None
+
+
+def test_a_missing_or_deleted_workspace_refuses_as_task_not_created() -> None:
+    deleted = Workspace.open("acme")
+    deleted.delete()
+    for workspace in (None, deleted):
+        refusal = creation.admission_refusal(workspace, None)
+        assert isinstance(refusal, TaskNotCreated)
+
+
+def test_a_full_wip_ledger_refuses_with_the_limit() -> None:
+    workspace = Workspace.open("acme")
+    workspace.set_wip_limit(1)
+    ledger = WipLedger.open(workspace.id)
+    assert creation.admission_refusal(workspace, ledger) is None
+    assert creation.admission_refusal(workspace, None) is None  # no ledger yet: none in use
+    ledger.reserve(uuid.uuid4(), 1)
+    refusal = creation.admission_refusal(workspace, ledger)
+    assert isinstance(refusal, CapacityExceeded)
+    assert (refusal.code, refusal.details) == ("capacity_exhausted", {"wip_limit": 1})

@@ -118,8 +118,9 @@ def _instrument_requests(app: Flask) -> None:
 def _check_query() -> None:
     """Every route: a query string that is UTF-8, and an ``after`` cursor and
     ``Last-Event-ID`` in 0..2^63-1 (400, before any view or stream starts)."""
-    check_query_string(request.query_string)
-    parse_cursor(request.args.get("after"))
+    if request.query_string:  # most requests have none: nothing to parse
+        check_query_string(request.query_string)
+        parse_cursor(request.args.get("after"))
     parse_cursor(request.headers.get("Last-Event-ID"), "Last-Event-ID")
 
 

@@ -32,7 +32,6 @@ from kandev_es.domain.task import Task
 from kandev_es.domain.wip import WipLedger, wip_ledger_id
 from kandev_es.domain.workspace import Workspace
 from kandev_es.errors import (
-    CapacityExceeded,
     Conflict,
     CreationHandedOver,
     InvalidExternalId,
@@ -225,17 +224,7 @@ class CreationService:
         ids = [plan.workspace_id, wip_ledger_id(plan.workspace_id)]
         reads = self._app.read_many(ids)
         current = as_kind(reads[plan.workspace_id], Workspace)
-        refusal: Exception | None = None
-        if current is None or current.deleted:
-            refusal = TaskNotCreated("workspace no longer accepts creates")
-        elif current.wip_limit is not None:
-            ledger = as_kind(reads[ids[1]], WipLedger)
-            in_use = len(ledger.reserved) if ledger else 0
-            if in_use >= current.wip_limit:
-                refusal = CapacityExceeded(
-                    f"workspace WIP limit {current.wip_limit} reached",
-                    wip_limit=current.wip_limit,
-                )
+        refusal = creation.admission_refusal(current, as_kind(reads[ids[1]], WipLedger))
         if refusal is None:
             assert current is not None
             return current

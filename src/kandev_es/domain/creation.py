@@ -1,6 +1,6 @@
-"""A creation in terms of the aggregates: what a claim and a completion change,
-from the plan alone. No I/O: the caller loads and saves; both aggregates of a
-claim (and of a completion) go in one save."""
+"""A creation in terms of the aggregates: whether a claim is admitted, and what
+a claim and a completion change, from the plan alone. No I/O: the caller loads
+and saves; both aggregates of a claim (and of a completion) go in one save."""
 
 from __future__ import annotations
 
@@ -11,6 +11,24 @@ from kandev_es.domain.errors import DomainRuleBroken
 from kandev_es.domain.identity import OUTCOME_CREATED_IDENTITY_LOST, Identity
 from kandev_es.domain.plan import CreationPlan
 from kandev_es.domain.task import Task
+from kandev_es.domain.wip import WipLedger
+from kandev_es.domain.workspace import Workspace
+from kandev_es.errors import CapacityExceeded, KandevError, TaskNotCreated
+
+
+def admission_refusal(workspace: Workspace | None, ledger: WipLedger | None) -> KandevError | None:
+    """Why a new claim may not be admitted into the workspace as read now, or
+    None: it must still accept creates and, under a WIP limit, have a slot."""
+    if workspace is None or workspace.deleted:
+        return TaskNotCreated("workspace no longer accepts creates")
+    if workspace.wip_limit is not None:
+        in_use = len(ledger.reserved) if ledger is not None else 0
+        if in_use >= workspace.wip_limit:
+            return CapacityExceeded(
+                f"workspace WIP limit {workspace.wip_limit} reached",
+                wip_limit=workspace.wip_limit,
+            )
+    return None
 
 
 def claim(

@@ -3,6 +3,7 @@ that hash so authentication is one keyed read."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import uuid
 
@@ -17,6 +18,7 @@ def hash_token(secret: str) -> str:
     return hashlib.sha256(secret.encode("utf-8")).hexdigest()
 
 
+@functools.lru_cache(maxsize=4096)  # every request of a token asks again (SHA-1)
 def token_id_for(token_hash: str) -> uuid.UUID:
     return uuid.uuid5(TOKEN_NAMESPACE, token_hash)
 

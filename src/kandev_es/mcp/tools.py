@@ -16,6 +16,7 @@ from mcp_types import Tool, ToolAnnotations
 
 from kandev_es.creation.outcomes import CreateTaskResponseSchema
 from kandev_es.creation.request import CreateTaskRequestSchema
+from kandev_es.services.tasks import TaskPatchSchema
 from kandev_es.views import TaskSchema
 
 CREATE_TASK = "create_task_kandev"
@@ -133,18 +134,20 @@ LIST_SCHEMA: dict[str, Any] = {
     "additionalProperties": False,
 }
 
-UPDATE_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {
+def _update_schema() -> dict[str, Any]:
+    """The task patch (services/tasks.py TaskPatchSchema, what REST's PATCH
+    validates with) plus the task id and the revision guard."""
+    schema = _json_schema(TaskPatchSchema)
+    schema["properties"] = {
         "task_id": _UUID,
-        "title": {"type": "string", "minLength": 1, "maxLength": 500},
-        "description": {"type": "string"},
-        "workflow_step": {"type": "string"},
+        **schema["properties"],
         "if_revision": {"type": "integer", "description": "fail unless the task is at it"},
-    },
-    "required": ["task_id"],
-    "additionalProperties": False,
-}
+    }
+    schema["required"] = ["task_id"]
+    return schema
+
+
+UPDATE_SCHEMA: dict[str, Any] = _update_schema()
 
 TOOLS = [
     Tool(
