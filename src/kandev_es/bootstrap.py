@@ -7,7 +7,7 @@ import logging
 from dataclasses import dataclass
 
 from kandev_es.application import Tasks
-from kandev_es.config import Settings
+from kandev_es.config import Settings, data_path
 from kandev_es.creation.driver import CreationDriver
 from kandev_es.creation.service import CreationService
 from kandev_es.projections.creations import CreationsProjection
@@ -15,6 +15,7 @@ from kandev_es.projections.feeds import FeedsProjection
 from kandev_es.projections.identities import IdentitiesProjection
 from kandev_es.projections.runner import ProjectionRunner
 from kandev_es.projections.tasks import TasksProjection
+from kandev_es.runtime.agents import ExitedAgents
 from kandev_es.runtime.recovery import Runtime
 from kandev_es.services.attachments import AttachmentService
 from kandev_es.services.audit_links import AuditLinkService
@@ -66,6 +67,7 @@ class Services:
             self.projections,
             self.driver,
             self.settings.lease_seconds,
+            ExitedAgents(data_path(self.settings, "agents"), self.tokens),
             owner_id,
         )
 

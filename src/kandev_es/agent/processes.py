@@ -20,10 +20,9 @@ def _alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-def processes_for_run(run_id: str) -> list[int]:
-    """Live pids whose environment carries KANDEV_RUN_ID=<run_id>."""
-    wanted = RUN_ID_VARIABLE + run_id.encode()
-    found = []
+def _runs_by_pid() -> dict[int, set[bytes]]:
+    """Each live pid whose environment carries KANDEV_RUN_ID, with its values."""
+    found: dict[int, set[bytes]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -31,9 +30,22 @@ def processes_for_run(run_id: str) -> list[int]:
             environ = (entry / "environ").read_bytes()
         except OSError:
             continue
-        if wanted in environ.split(b"\x00") and _alive(int(entry.name)):
-            found.append(int(entry.name))
-    return sorted(found)
+        variables = environ.split(b"\x00")
+        runs = {v[len(RUN_ID_VARIABLE) :] for v in variables if v.startswith(RUN_ID_VARIABLE)}
+        if runs and _alive(int(entry.name)):
+            found[int(entry.name)] = runs
+    return found
+
+
+def processes_for_run(run_id: str) -> list[int]:
+    """Live pids whose environment carries KANDEV_RUN_ID=<run_id>."""
+    wanted = run_id.encode()
+    return sorted(pid for pid, runs in _runs_by_pid().items() if wanted in runs)
+
+
+def live_run_ids() -> set[str]:
+    """The run id of every live agent process, in one pass over /proc."""
+    return {run.decode(errors="replace") for runs in _runs_by_pid().values() for run in runs}
 
 
 def stop_run(run_id: str, grace_seconds: float = 3.0) -> None:

@@ -19,6 +19,7 @@ from kandev_es.domain.errors import DomainRuleBroken
 from kandev_es.domain.identity import Identity
 from kandev_es.errors import StoreUnavailable
 from kandev_es.projections.runner import ProjectionRunner
+from kandev_es.runtime.agents import ExitedAgents
 from kandev_es.storage.database import Database
 
 log = logging.getLogger("kandev_es.runtime")
@@ -43,6 +44,7 @@ class Runtime:
         projections: ProjectionRunner,
         driver: CreationDriver,
         lease_seconds: float,
+        agents: ExitedAgents,
         owner_id: str | None = None,
     ) -> None:
         self._app = app
@@ -50,6 +52,7 @@ class Runtime:
         self._projections = projections
         self._driver = driver
         self._lease = timedelta(seconds=lease_seconds)
+        self._agents = agents
         self.owner_id = owner_id or f"runtime:{socket.gethostname()}:{os.getpid()}"
         self._stop = threading.Event()
 
@@ -98,10 +101,15 @@ class Runtime:
         )
         return Recovery(identity_id, number, epoch, outcome.tenure.phase)
 
+    def revoke_exited_agents(self) -> list[str]:
+        """Revoke the run credential of every agent seen to have exited."""
+        return self._agents.revoke_exited()
+
     def run_forever(self, poll_seconds: float) -> None:
         while not self._stop.is_set():
             try:
                 self.recover_once()
+                self.revoke_exited_agents()
             except StoreUnavailable as error:  # an outage, already logged once by the store
                 log.warning("recovery scan skipped: %s", error)
             except Exception:  # keep recovering; the next scan retries
