@@ -12,8 +12,11 @@ def upgrade_statement(table: Composable, table_sql: str) -> Composed:
     row: adds ``transaction_id`` (existing rows get 0, new rows their own
     transaction's id) and makes ``notification_id``'s default take the
     transaction's id before it draws from the sequence (settled.py relies on
-    that order). Checked against the catalog first, so a second ``db init``
-    takes no lock."""
+    that order), and makes the sequence hand out one id at a time (CACHE 1):
+    with a per-session cache a session's next id can be below one another
+    session has committed and a reader has passed, and settled.py relies on
+    ids being drawn in time order. Checked against the catalog first, so a
+    second ``db init`` takes no lock."""
     name = Literal(table_sql)
     return SQL(
         "DO $UPGRADE$ BEGIN"
@@ -29,6 +32,11 @@ def upgrade_statement(table: Composable, table_sql: str) -> Composed:
         "  EXECUTE format('ALTER TABLE %s ALTER COLUMN notification_id SET DEFAULT"
         "   CASE WHEN pg_current_xact_id() IS NOT NULL THEN nextval(%L::regclass) END',"
         "   {name}, pg_get_serial_sequence({name}, 'notification_id'));"
+        " END IF;"
+        " IF (SELECT seqcache FROM pg_sequence WHERE seqrelid ="
+        "  pg_get_serial_sequence({name}, 'notification_id')::regclass) <> 1 THEN"
+        "  EXECUTE format('ALTER SEQUENCE %s CACHE 1',"
+        "   pg_get_serial_sequence({name}, 'notification_id'));"
         " END IF;"
         " END $UPGRADE$"
     ).format(name=name, table=table)
