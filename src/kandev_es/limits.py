@@ -1,6 +1,6 @@
 """Input limits checked before anything parses or uses the input: JSON nesting
 depth, feed cursors and UTF-8 in the query string. Each failure is a typed 400,
-never a RecursionError or an OverflowError deeper down (issue 14 point 5)."""
+never a RecursionError or an OverflowError deeper down."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Slots for open SSE streams, per worker process and per token, so streams can
-never take every request thread (issue 14 point 6). A stream beyond either cap
+never take every request thread. A stream beyond either cap
 is refused at once with 503 ``stream_limit_reached`` and Retry-After."""
 
 from __future__ import annotations
