@@ -66,11 +66,29 @@ def revoked(services, run_id: str) -> bool:
     return token is not None and token.revoked
 
 
+def assert_saved_with_the_task(services, run) -> None:
+    """The credential's Revoked and the task's last event (Archived, Deleted)
+    are one save: no crash can leave an ended task's credential alive. Only
+    PostgreSQL records each event's transaction (transaction_id)."""
+    if services.database.backend != "postgres":
+        return
+    table = services.app.recorder.events_table_name
+    with services.database.transaction() as tx:
+        rows = tx.execute(
+            f"SELECT DISTINCT transaction_id::text FROM {table} e"
+            " WHERE e.originator_id IN (?, ?) AND e.originator_version ="
+            f" (SELECT max(originator_version) FROM {table} WHERE originator_id = e.originator_id)",
+            (uuid.UUID(run.task_id), run_token_id_for(run.run_id)),
+        )
+    assert len(rows) == 1, rows
+
+
 def test_archiving_the_task_revokes_its_run_credential(client, services, member, run):
     assert works(client, run)
     answer = client.post(f"/api/v1/tasks/{run.task_id}/archive", headers=bearer(member[1]))
     assert answer.status_code == 200, answer.json
     assert revoked(services, run.run_id) and not works(client, run)
+    assert_saved_with_the_task(services, run)
     assert client.post(f"{ROOT}/{run.task_id}/subtasks", json={"title": "x"},
                        headers=run.headers()).status_code == 404
 
@@ -80,6 +98,7 @@ def test_deleting_the_task_revokes_its_run_credential(client, services, operator
     answer = client.delete(f"/api/v1/tasks/{run.task_id}", headers=bearer(operator[1]))
     assert answer.status_code in (200, 204), answer.json
     assert revoked(services, run.run_id) and not works(client, run)
+    assert_saved_with_the_task(services, run)
 
 
 def test_deleting_the_workspace_revokes_its_run_credentials(client, services, workspace,
@@ -88,6 +107,7 @@ def test_deleting_the_workspace_revokes_its_run_credentials(client, services, wo
     answer = client.delete(f"/api/v1/workspaces/{workspace.id}", headers=bearer(admin[1]))
     assert answer.status_code == 200, answer.json
     assert revoked(services, run.run_id) and not works(client, run)
+    assert_saved_with_the_task(services, run)
 
 
 def test_the_agent_exiting_revokes_its_run_credential(client, services, run):

@@ -30,6 +30,14 @@ def run_token_id_for(run_id: str) -> uuid.UUID:
     return uuid.uuid5(TOKEN_NAMESPACE, f"run:{run_id}")
 
 
+def end_run(token: ApiToken | None, reason: str) -> None:
+    """Revoke a run credential loaded to be saved together with the change that
+    ends its run (archive, delete), so no crash between two saves can leave an
+    ended task's credential alive; one already revoked (or never issued) stays."""
+    if token is not None and not token.revoked:
+        token.revoke(reason)
+
+
 class RunCredentialRevoked(DomainRuleBroken):
     """The run's credential was revoked (the run ended); it is never reissued."""
 

@@ -14,6 +14,7 @@ from kandev_es.domain.agent_session import session_id_for
 from kandev_es.domain.identity import Identity
 from kandev_es.domain.principal import Principal
 from kandev_es.domain.task import TASK_ABORTED, TASK_PREPARING, Task
+from kandev_es.domain.token import ApiToken, end_run, run_token_id_for
 from kandev_es.domain.wip import WipLedger, wip_ledger_id
 from kandev_es.domain.workspace import Workspace
 from kandev_es.errors import (
@@ -24,7 +25,6 @@ from kandev_es.errors import (
     TaskNotFound,
     ValidationFailed,
 )
-from kandev_es.services.auth import TokenService
 from kandev_es.storage.database import Database
 from kandev_es.views import task_dto
 
@@ -109,33 +109,37 @@ class TaskService:
         return task_dto(edited)
 
     def archive(self, principal: Principal | None, task_id: uuid.UUID) -> dict[str, Any]:
-        def load() -> tuple[Task, WipLedger | None]:
-            task = self._editable(principal, task_id, None)
-            return task, self._wip_ledger(task)
+        """Archiving ends the task's run: its credential is revoked in the same save."""
 
-        def archive(loaded: tuple[Task, WipLedger | None]) -> Task:
-            task, ledger = loaded
+        def load() -> tuple[Task, WipLedger | None, ApiToken | None]:
+            task = self._editable(principal, task_id, None)
+            return task, self._wip_ledger(task), self._run_credential(task)
+
+        def archive(loaded: tuple[Task, WipLedger | None, ApiToken | None]) -> Task:
+            task, ledger, credential = loaded
             task.archive()
             _give_back_wip(ledger, task)
+            end_run(credential, "task_archived")
             return task
 
-        task = self._app.retry_on_conflict(load, archive, contended=EDITED)
-        TokenService(self._app).revoke_run(str(session_id_for(task.id)), "task_archived")
-        return task_dto(task)
+        return task_dto(self._app.retry_on_conflict(load, archive, contended=EDITED))
 
     def delete(self, principal: Principal | None, task_id: uuid.UUID) -> None:
-        """Deleting a task frees its identity in the same atomic save."""
+        """Deleting a task frees its identity and revokes its run's credential in
+        the same atomic save."""
 
-        def load() -> tuple[Task, Identity | None, WipLedger | None]:
+        Loaded = tuple[Task, Identity | None, WipLedger | None, ApiToken | None]
+
+        def load() -> Loaded:
             task = self._editable(principal, task_id, None)
             # Deleting frees the identity, like a release: an operator's action.
             if principal is None or not principal.is_operator_of(task.workspace_id):
                 raise OperatorRequired("deleting a task needs an operator token")
             identity = self._app.load(task.identity_id, Identity)
-            return task, identity, self._wip_ledger(task)
+            return task, identity, self._wip_ledger(task), self._run_credential(task)
 
-        def delete(loaded: tuple[Task, Identity | None, WipLedger | None]) -> Task:
-            task, identity, ledger = loaded
+        def delete(loaded: Loaded) -> Task:
+            task, identity, ledger, credential = loaded
             assert principal is not None  # load refused everyone else
             holder = identity.holder if identity else None
             if identity is not None and holder is not None and holder.task_id == task.id:
@@ -144,10 +148,13 @@ class TaskService:
                 )
             task.delete()
             _give_back_wip(ledger, task)
+            end_run(credential, "task_deleted")
             return task
 
-        task = self._app.retry_on_conflict(load, delete, contended=EDITED)
-        TokenService(self._app).revoke_run(str(session_id_for(task.id)), "task_deleted")
+        self._app.retry_on_conflict(load, delete, contended=EDITED)
+
+    def _run_credential(self, task: Task) -> ApiToken | None:
+        return self._app.load(run_token_id_for(str(session_id_for(task.id))), ApiToken)
 
     def _wip_ledger(self, task: Task) -> WipLedger | None:
         return self._app.load(wip_ledger_id(task.workspace_id), WipLedger)

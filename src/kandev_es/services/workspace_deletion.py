@@ -17,6 +17,7 @@ from kandev_es.domain.agent_session import session_id_for
 from kandev_es.domain.errors import DomainRuleBroken
 from kandev_es.domain.identity import COMPLETED, PREPARING, Identity
 from kandev_es.domain.task import Task
+from kandev_es.domain.token import ApiToken, end_run, run_token_id_for
 from kandev_es.domain.workspace import Workspace
 from kandev_es.errors import Conflict, WorkspaceNotFound
 from kandev_es.projections.runner import ProjectionRunner
@@ -50,6 +51,8 @@ class WorkspaceDeletionService:
         tokens = TokenService(self._app)
         for task_id in self._task_ids(workspace_id):
             removed += self._clear(task_id, generation, actor)
+            # Also for a task _clear found deleted already (or aborted, whose
+            # compensation revoked): idempotent, no write when already revoked.
             tokens.revoke_run(str(session_id_for(task_id)), "workspace_deleted")
         return {
             "workspace_id": str(workspace_id),
@@ -95,7 +98,12 @@ class WorkspaceDeletionService:
                         tenure.number, operation, "workspace_deleted", generation, actor=actor
                     )
                 task.delete()
-                self._app.save_atomically(identity, task)
+                # The run's credential ends in the same save as its task.
+                run_token = run_token_id_for(str(session_id_for(task_id)))
+                credential = self._app.load(run_token, ApiToken)
+                end_run(credential, "workspace_deleted")
+                changed = (identity, task) if credential is None else (identity, task, credential)
+                self._app.save_atomically(*changed)
                 return 1
             except VersionConflict:
                 continue
