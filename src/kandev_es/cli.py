@@ -11,12 +11,13 @@ from typing import Any
 
 import click
 
+from kandev_es.api.errors import http_status
 from kandev_es.bootstrap import Services, bootstrap, init_storage
 from kandev_es.cli_agentctl import register as register_agentctl
 from kandev_es.cli_ops import register as register_ops
 from kandev_es.cli_usage import AT_LEAST_ONE, PORT, SECONDS, OneLineUsage, resolvable_host
 from kandev_es.config import Settings, load_settings
-from kandev_es.errors import InvalidSetting, KandevError
+from kandev_es.errors import InvalidSetting, KandevError, TaskNotFound
 
 
 def _settings(**overrides: Any) -> Settings:
@@ -200,8 +201,10 @@ def release(workspace_id: str, external_id: str, operation_id: str) -> None:
             raise click.BadParameter("not a UUID", param_hint="--workspace") from None
         # The local CLI reaches the store directly: no token, so the actor is "cli".
         result = services.release.release(target, external_id, operation_id, actor="cli")
-        _emit({"status": result.status, "replayed": result.replayed, **result.body})
-        if result.status != 200:
+        # "status" is what REST answers for the same release.
+        status = 200 if result.released else http_status(TaskNotFound("task not found"))
+        _emit({"status": status, "replayed": result.replayed, **result.body})
+        if not result.released:
             sys.exit(1)
     except KandevError as error:
         raise click.ClickException(f"{error.code}: {error.message}") from None

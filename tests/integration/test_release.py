@@ -139,7 +139,7 @@ def test_16_concurrent_replays_release_once(client, services, workspace, member)
     for thread in threads:
         thread.join(timeout=60)
     assert len(answers) == 16
-    assert {a.status for a in answers} == {200}
+    assert {a.released for a in answers} == {True}
     assert sum(1 for a in answers if not a.replayed) == 1
     assert len({json.dumps(a.body, sort_keys=True) for a in answers}) == 1
     assert count_topic(services, "Task.ExternalIdCleared") == 1
@@ -205,3 +205,48 @@ def test_release_while_completing_is_a_typed_conflict(
     assert create(client, secret, external_id="COMP-1", title="t").json["outcome"] == (
         "found_unsettled"
     )
+
+
+def _stored_as_version_1(services, workspace, operation_id: str, new_operation_id: str):
+    """The release recorded for ``operation_id``, written again under
+    ``new_operation_id`` as the version-1 event stored it: the HTTP status it was
+    answered with instead of ``released``, and no class_version."""
+    from eventsourcing.persistence import StoredEvent
+
+    from kandev_es.domain.release import release_operation_id
+
+    app = services.app
+    [stored] = app.recorder.select_events(release_operation_id(workspace.id, operation_id))
+    state = app.mapper.transcoder.decode(stored.state)
+    assert state.pop("class_version") == 2
+    state["status"] = 200 if state.pop("released") else 404
+    state["operation_id"] = new_operation_id
+    new_id = release_operation_id(workspace.id, new_operation_id)
+    state["originator_id"] = new_id
+    app.recorder.insert_events([StoredEvent(
+        originator_id=new_id,
+        originator_version=stored.originator_version,
+        topic=stored.topic,
+        state=app.mapper.transcoder.encode(state),
+    )])
+
+
+def test_a_release_stored_with_its_http_status_replays_the_same(
+    client, services, workspace, operator
+):
+    """Releases recorded before ``released`` replaced the stored HTTP status
+    (version 1 of ReleaseOperation.Recorded) still replay: same status, same
+    body, marked replayed."""
+    _, secret = operator
+    create(client, secret, external_id="REL-V1", title="t")
+    first = {
+        "op-v1-released": release(client, workspace, secret, "REL-V1", "op-v1-released"),
+        "op-v1-free": release(client, workspace, secret, "REL-V1-FREE", "op-v1-free"),
+    }
+    assert [a.status_code for a in first.values()] == [200, 404]
+    for operation_id, answer in first.items():
+        _stored_as_version_1(services, workspace, operation_id, operation_id + "-old")
+        external_id = "REL-V1" if operation_id == "op-v1-released" else "REL-V1-FREE"
+        replay = release(client, workspace, secret, external_id, operation_id + "-old")
+        assert (replay.status_code, replay.json) == (answer.status_code, answer.json)
+        assert replay.headers["Idempotent-Replayed"] == "true"

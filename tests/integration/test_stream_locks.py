@@ -79,3 +79,40 @@ def test_a_guarded_save_waits_for_a_write_in_flight_to_its_guard_and_then_writes
     finally:
         writer.close()
         watcher.close()
+
+
+@pytest.mark.postgres_only
+def test_a_guarded_save_in_a_repeatable_read_transaction_is_refused(
+    services, workspace, settings
+) -> None:
+    """Under REPEATABLE READ the guard would read with the transaction's first
+    snapshot, older than the locks: a write to the guard stream committed in
+    between would pass unseen. The save refuses such a transaction and writes
+    nothing (the service's own saves are single READ COMMITTED statements)."""
+    app = services.app
+    read_version = workspace.version
+    schema = parse_postgres_url(settings.database_url)["POSTGRES_SCHEMA"]
+    url = base_postgres_url(settings.database_url)
+    late = Identity.register(uuid.uuid4(), workspace.id, "G-2")
+    stored = [app.mapper.to_stored_event(e) for e in late.collect_events()]
+    with psycopg.connect(url, options=f"-c search_path={schema}") as saver:
+        saver.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        saver.execute("SELECT 1")  # the transaction's snapshot
+        moving = app.load(workspace.id, Workspace)
+        moving.set_wip_limit(4)
+        app.save(moving)  # the guard stream moves on after that snapshot
+        with pytest.raises(psycopg.errors.FeatureNotSupported):
+            saver.execute(
+                INSERT,
+                (
+                    [e.originator_id for e in stored],
+                    [e.originator_version for e in stored],
+                    [e.topic for e in stored],
+                    [e.state for e in stored],
+                    [workspace.id],
+                    [read_version],
+                ),
+            )
+        saver.rollback()
+    assert app.load(late.id, Identity) is None
+    assert app.load(workspace.id, Workspace).version == read_version + 1

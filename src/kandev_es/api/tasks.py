@@ -18,6 +18,7 @@ from kandev_es.api.context import (
     principal,
     services,
 )
+from kandev_es.api.errors import http_status
 from kandev_es.creation.request import CreateTaskRequestSchema
 from kandev_es.domain.external_id import normalize_external_id, require_external_id
 from kandev_es.domain.principal import require_operator
@@ -111,8 +112,8 @@ class TaskLookup(MethodView):
             actor=who.actor,
         )
         headers = {"Idempotent-Replayed": "true" if result.replayed else "false"}
-        if result.status != 200:
-            return jsonify(result.body), result.status, headers
+        if not result.released:  # no holder: the stored task-not-found body
+            return jsonify(result.body), http_status(TaskNotFound("task not found")), headers
         return result.body, 200, headers
 
 

@@ -9,6 +9,8 @@ from typing import Any
 
 from eventsourcing.domain import Aggregate
 
+# What a version-1 Recorded event stored for an operation that released a holder.
+V1_RELEASED = 200
 RELEASE_NAMESPACE = uuid.UUID("9a7c5e3b-1d2f-4e6a-8b0c-2d4f6a8c0e1b")
 
 
@@ -17,25 +19,37 @@ def release_operation_id(workspace_id: uuid.UUID, operation_id: str) -> uuid.UUI
 
 
 class ReleaseOperation(Aggregate):
+    """``released``: whether the operation released a holder; False when the
+    identity had none (the adapters answer that as task-not-found). ``result``
+    is the body first answered, returned again on every replay."""
+
     class Recorded(Aggregate.Created):
+        # Version 1 stored the HTTP status it was answered with (200 released,
+        # 404 no holder) instead of ``released``; those events are still read.
+        class_version = 2
+
         workspace_id: uuid.UUID
         operation_id: str
         external_id: str
-        status: int
+        released: bool
         result: dict[str, Any]
+
+        @staticmethod
+        def upcast_v1_v2(state: dict[str, Any]) -> None:
+            state["released"] = state.pop("status") == V1_RELEASED
 
     def __init__(
         self,
         workspace_id: uuid.UUID,
         operation_id: str,
         external_id: str,
-        status: int,
+        released: bool,
         result: dict[str, Any],
     ) -> None:
         self.workspace_id = workspace_id
         self.operation_id = operation_id
         self.external_id = external_id
-        self.status = status
+        self.released = released
         self.result = result
 
     @classmethod
@@ -44,7 +58,7 @@ class ReleaseOperation(Aggregate):
         workspace_id: uuid.UUID,
         operation_id: str,
         external_id: str,
-        status: int,
+        released: bool,
         result: dict[str, Any],
     ) -> ReleaseOperation:
         return cls._create(
@@ -53,6 +67,6 @@ class ReleaseOperation(Aggregate):
             workspace_id=workspace_id,
             operation_id=operation_id,
             external_id=external_id,
-            status=status,
+            released=released,
             result=result,
         )

@@ -29,7 +29,10 @@ ATTEMPTS = 16
 
 @dataclass(frozen=True)
 class ReleaseResult:
-    status: int
+    """``released`` False: the identity had no holder, and ``body`` is the
+    not-found answer stored for the operation (the adapters give its status)."""
+
+    released: bool
     body: dict[str, Any]
     replayed: bool
 
@@ -79,7 +82,7 @@ class ReleaseService:
                 "this operation id was used to release another identity",
                 operation_id=stored.operation_id,
             )
-        return ReleaseResult(stored.status, dict(stored.result), replayed=True)
+        return ReleaseResult(stored.released, dict(stored.result), replayed=True)
 
     def _first_attempt(
         self, workspace_id: uuid.UUID, external_id: str, operation_id: str, actor: str
@@ -90,9 +93,9 @@ class ReleaseService:
             # Stored too: a replay must answer the same even once someone holds it.
             body: dict[str, Any] = {"error": "task not found"}
             self._app.save_atomically(
-                ReleaseOperation.record(workspace_id, operation_id, external_id, 404, body)
+                ReleaseOperation.record(workspace_id, operation_id, external_id, False, body)
             )
-            return ReleaseResult(404, body, replayed=False)
+            return ReleaseResult(False, body, replayed=False)
         if holder.phase not in (PREPARING, COMPLETED):
             raise ReleaseConflict(
                 f"the creation is {holder.phase}; release after it settles", phase=holder.phase
@@ -114,6 +117,6 @@ class ReleaseService:
             "creation_complete": holder.phase == COMPLETED,
         }
         body.pop("external_id", None)
-        operation = ReleaseOperation.record(workspace_id, operation_id, external_id, 200, body)
+        operation = ReleaseOperation.record(workspace_id, operation_id, external_id, True, body)
         self._app.save_atomically(*changed, operation)
-        return ReleaseResult(200, body, replayed=False)
+        return ReleaseResult(True, body, replayed=False)

@@ -46,7 +46,10 @@ def insert_function(function: Composable, table: Composable) -> Composed:
     """``kandev_insert_events``: the streams' locks (sorted, so two saves never
     deadlock; exclusive for written streams, shared for guard streams), then
     the guard, then the insert, in one statement. No table lock: readers cope
-    with ids committing out of order (settled.py)."""
+    with ids committing out of order (settled.py). Only under READ COMMITTED:
+    the guard must read with a snapshot taken after the locks are granted,
+    and a REPEATABLE READ or SERIALIZABLE transaction's snapshot is older (it
+    would pass a guard whose stream moved while it waited), so it refuses."""
     return SQL(
         "CREATE OR REPLACE FUNCTION {function}("
         "ids uuid[], versions bigint[], topics text[], states bytea[],"
@@ -54,6 +57,10 @@ def insert_function(function: Composable, table: Composable) -> Composed:
         " RETURNS SETOF bigint LANGUAGE plpgsql AS $BODY$"
         " DECLARE key bigint; exclusive boolean;"
         " BEGIN"
+        "  IF current_setting('transaction_isolation') <> 'read committed' THEN"
+        "   RAISE EXCEPTION 'kandev_insert_events needs READ COMMITTED, not %',"
+        "    current_setting('transaction_isolation') USING ERRCODE = 'feature_not_supported';"
+        "  END IF;"
         "  FOR key, exclusive IN SELECT k, bool_or(x) FROM ("
         "    SELECT hashtextextended(i::text, 0) AS k, true AS x FROM unnest(ids) AS i"
         "    UNION ALL SELECT hashtextextended(g::text, 0), false"
