@@ -53,6 +53,12 @@ def _drop_schema(schema: str) -> None:
         connection.execute(statement)
 
 
+@pytest.fixture
+def anyio_backend() -> str:
+    """The MCP tests' async tests run on asyncio (anyio would also try trio)."""
+    return "asyncio"
+
+
 @pytest.fixture(params=["sqlite", "postgres"])
 def backend(request: pytest.FixtureRequest) -> str:
     marker = request.node.get_closest_marker("postgres_only")

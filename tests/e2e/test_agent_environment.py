@@ -5,7 +5,6 @@ and the run's own variables are there. Runs on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
-import time
 import uuid
 from pathlib import Path
 
@@ -40,10 +39,7 @@ def test_an_agent_gets_only_the_allowlist_and_its_run_variables(settings, tmp_pa
         assert created.status == 200, created.body
         run_id = str(session_id_for(uuid.UUID(created.body["id"])))
         dump = data_path(settings, "sessions", created.body["id"]) / "env.dump"
-        deadline = time.monotonic() + WAIT_S
-        while not dump.exists():
-            assert time.monotonic() < deadline, f"agent never wrote env:\n{server.log()}"
-            time.sleep(0.1)
+        server.wait_for_file(dump, "agent never wrote env", WAIT_S)
         env = _parse(dump)
     finally:
         if run_id:

@@ -9,7 +9,6 @@ import json
 import os
 import shlex
 import subprocess
-import time
 import uuid
 from pathlib import Path
 
@@ -50,13 +49,6 @@ def served(settings, tmp_path):
     server.stop()
 
 
-def wait_for(path: Path, server: ServedProcess) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not path.exists():
-        assert time.monotonic() < deadline, f"agent never finished:\n{server.log()}"
-        time.sleep(0.1)
-
-
 def test_agentctl_from_a_real_agent_creates_then_finds_the_same_task(settings, served):
     server, launched = served
     parent = http(
@@ -66,7 +58,7 @@ def test_agentctl_from_a_real_agent_creates_then_finds_the_same_task(settings, s
     assert parent.status == 200, parent.body
     launched.append(str(session_id_for(uuid.UUID(parent.body["id"]))))
     cwd = data_path(settings, "sessions", parent.body["id"])
-    wait_for(cwd / "agentctl.done", server)
+    server.wait_for_file(cwd / "agentctl.done", "agent never finished", WAIT_S)
     first = json.loads((cwd / "first.json").read_text())
     second = json.loads((cwd / "second.json").read_text())
     assert [(cwd / name).read_text().strip() for name in ("first.rc", "second.rc")] == ["0", "0"]

@@ -14,11 +14,13 @@ from tests.conftest import postgres_admin_url
 BENCH = Path(__file__).resolve().parents[2] / "scripts" / "bench"
 
 
-def test_quick_bench_prints_every_measurement_and_a_single_storm_task():
+def bench(*args: str) -> tuple[dict, str]:
+    """scripts/bench with ``args`` on a schema of its own in the test PostgreSQL
+    (no KANDEV_* of this process leaks in): its JSON report and its stderr."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("KANDEV_")}
-    env["KANDEV_BENCH_DATABASE_URL"] = postgres_admin_url()  # a schema of its own in it
+    env["KANDEV_BENCH_DATABASE_URL"] = postgres_admin_url()
     run = subprocess.run(
-        [sys.executable, str(BENCH), "--quick", "--seconds", "0.5"],
+        [sys.executable, str(BENCH), *args],
         env=env,
         capture_output=True,
         text=True,
@@ -26,7 +28,12 @@ def test_quick_bench_prints_every_measurement_and_a_single_storm_task():
         stdin=subprocess.DEVNULL,
     )
     assert run.returncode == 0, run.stderr[-4000:]
-    report = json.loads(run.stdout)
+    report: dict = json.loads(run.stdout)
+    return report, run.stderr
+
+
+def test_quick_bench_prints_every_measurement_and_a_single_storm_task():
+    report, _ = bench("--quick", "--seconds", "0.5")
 
     for side in ("in_process", "http"):
         assert {
@@ -57,26 +64,18 @@ def test_scaling_section_compares_kandev_with_the_crud_peer_at_each_client_count
     """scripts/bench --scaling-only with tiny sizes: kandev-es and
     scripts/crud_peer.py served side by side on the test PostgreSQL; the JSON
     holds a kandev/peer ratio per client count. No timing is asserted."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KANDEV_")}
-    env["KANDEV_BENCH_DATABASE_URL"] = postgres_admin_url()
-    run = subprocess.run(
-        [sys.executable, str(BENCH), "--scaling-only", "--seconds", "0.3", "--workers", "1",
-         "--scaling-clients", "1,2", "--save-clients", "1,2"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        stdin=subprocess.DEVNULL,
+    report, stderr = bench(
+        "--scaling-only", "--seconds", "0.3", "--workers", "1",
+        "--scaling-clients", "1,2", "--save-clients", "1,2",
     )
-    assert run.returncode == 0, run.stderr[-4000:]
-    scaling = json.loads(run.stdout)["scaling"]
+    scaling = report["scaling"]
     assert [row["clients"] for row in scaling["http"]] == [1, 2]
     for row in scaling["http"]:
         assert {"created_ratio", "found_ratio"} <= row.keys()
         for side in ("kandev", "peer"):
             assert row[f"{side}_created_per_s"] > 0 and row[f"{side}_found_per_s"] > 0
     assert scaling["failed_requests"] == {"kandev": {}, "peer": {}}
-    assert "x peer" in run.stderr  # the ratios are printed
+    assert "x peer" in stderr  # the ratios are printed
     assert [row["clients"] for row in scaling["store_saves"]] == [1, 2]
     for row in scaling["store_saves"]:
         assert {"saves_per_s", "raw_insert_tx_per_s", "ratio", "vs_one_client"} <= row.keys()

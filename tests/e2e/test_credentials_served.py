@@ -11,7 +11,6 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from pathlib import Path
 
 from kandev_es.agent.processes import processes_for_run, stop_run
 from kandev_es.config import data_path
@@ -32,13 +31,6 @@ def _get(url: str, token: str, run_id: str | None = None) -> int:
         return error.code
 
 
-def _wait_for(path: Path, server: ServedProcess) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not path.exists():
-        assert time.monotonic() < deadline, f"{path} never appeared:\n{server.log()}"
-        time.sleep(0.1)
-
-
 def test_a_run_credential_works_only_for_its_run_and_ends_with_the_agent(settings, tmp_path):
     script = tmp_path / "agent.sh"
     # Dump the environment, then live until the test says "go".
@@ -57,7 +49,7 @@ def test_a_run_credential_works_only_for_its_run_and_ends_with_the_agent(setting
         task_id = created.body["id"]
         run_id = str(session_id_for(uuid.UUID(task_id)))
         session = data_path(settings, "sessions", task_id)
-        _wait_for(session / "env.dump", server)
+        server.wait_for_file(session / "env.dump", "the agent never wrote env.dump", WAIT_S)
         dumped = (session / "env.dump").read_text().split("\0")
         pairs = [item.split("=", 1) for item in dumped if "=" in item]
         run_token = dict(pairs)["KANDEV_RUN_TOKEN"]

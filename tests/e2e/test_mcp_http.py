@@ -20,11 +20,6 @@ CREATE = "create_task_kandev"
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
 def mcp_url(settings, services, tmp_path) -> Iterator[str]:
     with ServedMcp(settings, tmp_path, **server_env(settings)) as served:
         yield served.url

@@ -15,11 +15,6 @@ CREATE = "create_task_kandev"
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
 def outsider(services):
     globex = services.workspaces.open("globex")
     secret, _ = services.tokens.issue(workspace_id=globex.id, admin=False)

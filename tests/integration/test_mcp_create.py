@@ -14,11 +14,6 @@ pytestmark = pytest.mark.anyio
 CREATE = "create_task_kandev"
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 async def test_new_external_id_is_created_and_retry_is_found_settled(
     settings, services, workspace, member
 ):

@@ -14,11 +14,6 @@ pytestmark = pytest.mark.anyio
 CREATE = "create_task_kandev"
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 async def test_tool_list_offers_no_lookup_probe_or_release_tool(settings, services, member):
     _, secret = member
     async with mcp_stdio(settings, secret) as client:

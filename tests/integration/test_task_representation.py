@@ -21,11 +21,6 @@ pytestmark = pytest.mark.anyio
 CREATE = "create_task_kandev"
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 async def test_rest_and_mcp_return_the_same_task_body(settings, services, client, member):
     _, secret = member
     async with mcp_stdio(settings, secret) as mcp:

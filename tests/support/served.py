@@ -135,6 +135,14 @@ class Launched:
     def log(self) -> str:
         return self.output()[-6000:]
 
+    def wait_for_file(self, path: Path, what: str, seconds: float = 60.0) -> None:
+        """Until ``path`` exists (something the process or its agent writes);
+        failing, the assertion shows this process's log."""
+        deadline = time.monotonic() + seconds
+        while not path.exists():
+            assert time.monotonic() < deadline, f"{what}:\n{self.log()}"
+            time.sleep(0.1)
+
     def stop(self) -> None:
         if self.process.poll() is None:
             with contextlib.suppress(ProcessLookupError):

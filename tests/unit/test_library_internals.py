@@ -114,3 +114,22 @@ def test_postgres_recorder_reads_the_statements_recorders_py_replaces(owner: str
     source = inspect.getsource(inspect.unwrap(function))
     assert attribute in source, _changed(
         "eventsourcing", f"{owner}.{method} reading {attribute}", "storage/recorders.py")
+
+
+def test_a_live_event_store_pool_can_switch_to_most_recent_first() -> None:
+    """storage/pools.py swaps the class of the pool eventsourcing built: the
+    subclass must keep its layout (no __slots__ added upstream), and the
+    override must see the idle deque."""
+    from kandev_es.storage.pools import serve_most_recent_first
+
+    pool = postgres.ConnectionPool("", open=False)
+    base = type(pool)
+    try:
+        serve_most_recent_first(pool)
+    except TypeError as error:  # "object layout differs"
+        raise AssertionError(_changed(
+            "eventsourcing/psycopg_pool", f"a __class__-swappable {base.__name__}",
+            "storage/pools.py")) from error
+    assert isinstance(pool, base) and type(pool) is not base
+    pool._pool.extend(["older", "newer"])
+    assert pool._get_ready_connection(1.0) == "newer"
