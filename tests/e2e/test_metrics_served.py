@@ -32,6 +32,7 @@ from tests.support.served import (
     free_port,
     http,
     kandev_command,
+    open_event_stream,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -154,16 +155,8 @@ def create(server: ServedProcess, external_id: str, title: str = "metrics") -> s
 
 
 def open_stream(server: ServedProcess) -> HTTPConnection:
-    parts = urllib.parse.urlsplit(server.base)
-    connection = HTTPConnection(parts.hostname, parts.port, timeout=20)
-    connection.request(
-        "GET",
-        f"/api/v1/workspaces/{server.workspace_id}/events/stream?max_seconds=120",
-        headers={"Authorization": f"Bearer {server.token}"},
-    )
-    response = connection.getresponse()
-    assert response.status == 200
-    assert response.readline().startswith(b"retry:")  # the stream really started
+    connection, status, _ = open_event_stream(server, server.token)
+    assert status == 200
     return connection
 
 

@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import time
-import urllib.parse
-from http.client import HTTPConnection
 
 import pytest
 
-from tests.support.served import ServedProcess, http
+from tests.support.served import ServedProcess, http, open_event_stream
 
 STREAMS_PER_TOKEN = 8
 TOKENS = 4
@@ -26,22 +24,6 @@ def server(settings, tmp_path):
     served = ServedProcess(settings, tmp_path, workers=1)
     yield served
     served.stop()
-
-
-def open_stream(server: ServedProcess, token: str) -> tuple[HTTPConnection, int, dict]:
-    parts = urllib.parse.urlsplit(server.base)
-    connection = HTTPConnection(parts.hostname, parts.port, timeout=20)
-    connection.request(
-        "GET",
-        f"/api/v1/workspaces/{server.workspace_id}/events/stream?max_seconds=120",
-        headers={"Authorization": f"Bearer {token}"},
-    )
-    response = connection.getresponse()
-    if response.status == 200:
-        assert response.readline().startswith(b"retry:")  # the stream really started
-    else:
-        response.read()
-    return connection, response.status, dict(response.getheaders())
 
 
 def test_32_open_streams_leave_healthz_and_creates_answering(server):
@@ -57,7 +39,7 @@ def test_32_open_streams_leave_healthz_and_creates_answering(server):
     try:
         for token in tokens:
             for _ in range(STREAMS_PER_TOKEN):
-                connection, status, _ = open_stream(server, token)
+                connection, status, _ = open_event_stream(server, token)
                 connections.append(connection)
                 assert status == 200, server.log()
         started = time.monotonic()
@@ -74,10 +56,10 @@ def test_32_open_streams_leave_healthz_and_creates_answering(server):
         assert healthz < 1.0 and create < 2.0, (healthz, create)
 
         # A 9th stream on one token, and a 33rd on this worker, are refused at once.
-        connection, status, headers = open_stream(server, tokens[0])
+        connection, status, headers = open_event_stream(server, tokens[0])
         connections.append(connection)
         assert status == 503 and headers.get("Retry-After"), headers
-        connection, status, headers = open_stream(server, server.token)
+        connection, status, headers = open_event_stream(server, server.token)
         connections.append(connection)
         assert status == 503 and headers.get("Retry-After"), headers
     finally:
@@ -87,7 +69,7 @@ def test_32_open_streams_leave_healthz_and_creates_answering(server):
     # Closed streams give their slots back.
     deadline = time.monotonic() + 20
     while True:
-        connection, status, _ = open_stream(server, tokens[0])
+        connection, status, _ = open_event_stream(server, tokens[0])
         connection.close()
         if status == 200:
             break

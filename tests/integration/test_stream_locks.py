@@ -14,6 +14,7 @@ import psycopg
 import pytest
 
 from kandev_es.application import VersionConflict
+from kandev_es.bootstrap import bootstrap
 from kandev_es.domain.identity import Identity
 from kandev_es.domain.workspace import Workspace
 from kandev_es.storage.database import base_postgres_url, parse_postgres_url
@@ -29,7 +30,28 @@ WAITING_ADVISORY = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AN
 def test_a_guarded_save_waits_for_a_write_in_flight_to_its_guard_and_then_writes_nothing(
     services, workspace, settings
 ) -> None:
-    app = services.app
+    _guarded_save_waits_then_writes_nothing(services.app, workspace, settings)
+
+
+@pytest.mark.postgres_only
+def test_the_guard_holds_when_the_servers_default_isolation_is_repeatable_read(
+    services, workspace, settings, monkeypatch
+) -> None:
+    """The store's sessions run their saves under READ COMMITTED whatever the
+    server's default (here REPEATABLE READ for every new session, set through
+    libpq): the guarded save still waits, sees the write and writes nothing."""
+    monkeypatch.setenv("PGOPTIONS", "-c default_transaction_isolation=repeatable\\ read")
+    with psycopg.connect(base_postgres_url(settings.database_url)) as probe:
+        row = probe.execute("SHOW default_transaction_isolation").fetchone()
+    assert row == ("repeatable read",)
+    fresh = bootstrap(settings.with_overrides(create_tables=False))
+    try:
+        _guarded_save_waits_then_writes_nothing(fresh.app, workspace, settings)
+    finally:
+        fresh.close()
+
+
+def _guarded_save_waits_then_writes_nothing(app: Any, workspace: Any, settings: Any) -> None:
     read_version = workspace.version
     moving = app.load(workspace.id, Workspace)
     moving.set_wip_limit(3)

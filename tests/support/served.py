@@ -13,8 +13,10 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
+from http.client import HTTPConnection
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +78,25 @@ def http(
         except ValueError:
             parsed = text.decode("utf-8", errors="replace")
     return Reply(status, parsed, got)
+
+
+def open_event_stream(server: ServedProcess, token: str) -> tuple[HTTPConnection, int, dict]:
+    """A workspace's SSE stream held open (up to two minutes) on a connection
+    of its own: the connection, the status and the headers. A 200 has sent its
+    first line (the stream really started); any other answer is read whole."""
+    parts = urllib.parse.urlsplit(server.base)
+    connection = HTTPConnection(parts.hostname, parts.port, timeout=20)
+    connection.request(
+        "GET",
+        f"/api/v1/workspaces/{server.workspace_id}/events/stream?max_seconds=120",
+        headers={"Authorization": f"Bearer {token}"},
+    )
+    response = connection.getresponse()
+    if response.status == 200:
+        assert response.readline().startswith(b"retry:")
+    else:
+        response.read()
+    return connection, response.status, dict(response.getheaders())
 
 
 def free_port() -> int:

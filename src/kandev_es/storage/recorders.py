@@ -29,6 +29,7 @@ import functools
 import struct
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -49,6 +50,7 @@ from kandev_es.storage.streams import Since, StreamsAdvanced, Versions
 
 F = TypeVar("F", bound=Callable[..., Any])
 FAST_FAILURE_S = 0.25
+SET_READ_COMMITTED = "SET default_transaction_isolation = 'read committed'"
 
 
 def _unretried(method: Any) -> Any:
@@ -183,6 +185,7 @@ class KandevPostgresRecorder(PostgresApplicationRecorder):
         table = SQL("{0}.{1}").format(schema, Identifier(self.events_table_name))
         self._table_sql = table.as_string(None)
         self._select_streams_sql: dict[int, str] = {}
+        self._read_committed: weakref.WeakSet[Any] = weakref.WeakSet()
         self.horizon = Horizon(self._table_sql)
         # Named columns, not the library's SELECT *: a prepared SELECT * fails
         # ("cached plan must not change result type") once a column is added.
@@ -219,6 +222,12 @@ class KandevPostgresRecorder(PostgresApplicationRecorder):
             return []
         unchanged: Versions = kwargs.get("unchanged") or {}
         with self.datastore.get_connection() as conn:
+            if conn not in self._read_committed:
+                # The guard must see what committed while the save waited for
+                # its locks, so READ COMMITTED whatever the server's default
+                # (event_sql.insert_function refuses any other level).
+                conn.execute(SET_READ_COMMITTED)
+                self._read_committed.add(conn)
             params = (
                 pack_uuids([e.originator_id for e in stored_events]),
                 pack_int8s([e.originator_version for e in stored_events]),
