@@ -60,3 +60,19 @@ def test_update_tool_takes_the_patch_fields_and_limits_of_rest() -> None:
     assert properties["workflow_step"]["maxLength"] == 100
     assert UPDATE_SCHEMA["required"] == ["task_id"]
     assert UPDATE_SCHEMA["additionalProperties"] is False
+
+
+def test_list_tool_takes_the_rest_list_query_limits_without_external_id() -> None:
+    """list_tasks validates with the schema it publishes (ListTasksArguments), and
+    its limits are REST's list query's; external_id is left out (no lookup)."""
+    from kandev_es.api.schemas import TaskListQuerySchema
+    from kandev_es.mcp.tools import LIST_SCHEMA, ListTasksArguments
+
+    assert _rest_schema(ListTasksArguments) == LIST_SCHEMA
+    rest = _rest_schema(TaskListQuerySchema)["properties"]
+    properties = LIST_SCHEMA["properties"]
+    assert set(properties) == set(rest) - {"external_id"} | {"workspace_id"}
+    for name in set(rest) - {"external_id"}:
+        for key in ("type", "default", "minimum", "maximum"):
+            assert properties[name].get(key) == rest[name].get(key), (name, key)
+    assert LIST_SCHEMA["additionalProperties"] is False

@@ -7,6 +7,7 @@ from marshmallow import Schema, fields, validate
 # The create answer's schema lives beside CreateResult, which builds it.
 from kandev_es.creation.outcomes import CreateTaskResponseSchema as CreateTaskResponseSchema
 from kandev_es.limits import MAX_CURSOR
+from kandev_es.services.tasks import TaskPatchSchema
 
 # The one task representation lives in views.py; re-exported for the routes.
 from kandev_es.views import TaskSchema as TaskSchema
@@ -41,10 +42,9 @@ class TaskListQuerySchema(Schema):
     include_archived = fields.Boolean(load_default=True)
 
 
-class TaskPatchRequestSchema(Schema):
-    title = fields.String()
-    description = fields.String()
-    workflow_step = fields.String()
+class TaskPatchRequestSchema(TaskPatchSchema):
+    """The PATCH body as published: the schema the task service validates it
+    with (its limits, unknown fields refused), under its OpenAPI name."""
 
 
 class WorkspaceSchema(Schema):

@@ -7,13 +7,12 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from marshmallow import RAISE, Schema, ValidationError, fields, validate
+from marshmallow import ValidationError
 
 from kandev_es.bootstrap import Services
 from kandev_es.creation import placement
 from kandev_es.domain.principal import Principal
 from kandev_es.errors import BadRequest, TaskNotFound, ValidationFailed
-from kandev_es.limits import MAX_CURSOR
 from kandev_es.mcp import tools
 from kandev_es.views import task_dto
 
@@ -59,23 +58,11 @@ def get_task(
     return task_dto(task)
 
 
-class _ListArguments(Schema):
-    class Meta:
-        unknown = RAISE
-
-    workspace_id = fields.UUID(load_default=None, allow_none=True)
-    after = fields.Integer(
-        load_default=0, strict=True, validate=validate.Range(min=0, max=MAX_CURSOR)
-    )
-    limit = fields.Integer(load_default=50, strict=True, validate=validate.Range(min=1, max=500))
-    include_archived = fields.Boolean(load_default=True)
-
-
 def list_tasks(
     services: Services, principal: Principal | None, arguments: Mapping[str, Any]
 ) -> dict[str, Any]:
     try:
-        query: dict[str, Any] = _ListArguments().load(dict(arguments))
+        query: dict[str, Any] = tools.ListTasksArguments().load(dict(arguments))
     except ValidationError as error:
         raise ValidationFailed("invalid list_tasks arguments", fields=error.messages) from None
     workspace = query["workspace_id"] or resolve_workspace(services, principal)

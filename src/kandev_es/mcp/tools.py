@@ -11,11 +11,12 @@ from typing import Any
 
 from apispec import APISpec
 from apispec.ext.marshmallow import MarshmallowPlugin
-from marshmallow import Schema
+from marshmallow import RAISE, Schema, fields, validate
 from mcp_types import Tool, ToolAnnotations
 
 from kandev_es.creation.outcomes import CreateTaskResponseSchema
 from kandev_es.creation.request import CreateTaskRequestSchema
+from kandev_es.limits import MAX_CURSOR
 from kandev_es.services.tasks import TaskPatchSchema
 from kandev_es.views import TaskSchema
 
@@ -118,21 +119,30 @@ TASK_ID_SCHEMA: dict[str, Any] = {
     "additionalProperties": False,
 }
 
-LIST_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "workspace_id": _UUID | {"description": "default: the token's or the only workspace"},
-        "after": {
-            "type": "integer",
-            "minimum": 0,
-            "maximum": 2**63 - 1,
-            "description": "cursor: next_cursor",
-        },
-        "limit": {"type": "integer", "minimum": 1, "maximum": 500, "default": 50},
-        "include_archived": {"type": "boolean", "default": True},
-    },
-    "additionalProperties": False,
-}
+class ListTasksArguments(Schema):
+    """list_tasks' arguments: REST's list query (api/schemas.py
+    TaskListQuerySchema) without external_id (no lookup by filter), JSON
+    integers only, and the workspace as an argument."""
+
+    class Meta:
+        unknown = RAISE
+
+    workspace_id = fields.UUID(
+        load_default=None,
+        allow_none=True,
+        metadata={"description": "default: the token's or the only workspace"},
+    )
+    after = fields.Integer(
+        load_default=0,
+        strict=True,
+        validate=validate.Range(min=0, max=MAX_CURSOR),
+        metadata={"description": "cursor: next_cursor"},
+    )
+    limit = fields.Integer(load_default=50, strict=True, validate=validate.Range(min=1, max=500))
+    include_archived = fields.Boolean(load_default=True)
+
+
+LIST_SCHEMA: dict[str, Any] = _json_schema(ListTasksArguments)
 
 def _update_schema() -> dict[str, Any]:
     """The task patch (services/tasks.py TaskPatchSchema, what REST's PATCH
