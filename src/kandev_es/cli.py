@@ -224,6 +224,7 @@ def runtime(once: bool, poll: float) -> None:
     try:
         if once:
             recoveries = actor.recover_once()
+            actor.revoke_exited_agents()
             for recovery in recoveries:
                 _emit(
                     {

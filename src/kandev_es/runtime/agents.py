@@ -20,18 +20,22 @@ class ExitedAgents:
     def __init__(self, pidfiles: Path, credentials: RunCredentials) -> None:
         self._pidfiles = pidfiles
         self._credentials = credentials
-        # A revoked run credential is never reissued: each run is settled once.
+        # Pidfiles stay after their run ends, and a revoked run credential is
+        # never reissued: each one is settled once and not read again.
         self._settled: set[str] = set()
 
-    def _launched(self) -> list[str]:
-        runs = []
+    def _launched(self) -> dict[str, str]:
+        """{pidfile name: run id} of every pidfile not settled yet."""
+        runs = {}
         for pidfile in sorted(self._pidfiles.glob("*.pid")):
+            if pidfile.name in self._settled:
+                continue
             try:
                 run_id = json.loads(pidfile.read_text(encoding="utf-8")).get("run_id")
             except (OSError, ValueError, AttributeError):
                 continue  # removed meanwhile, or being written
-            if isinstance(run_id, str) and run_id not in self._settled:
-                runs.append(run_id)
+            if isinstance(run_id, str):
+                runs[pidfile.name] = run_id
         return runs
 
     def revoke_exited(self) -> list[str]:
@@ -41,11 +45,11 @@ class ExitedAgents:
             return []
         alive = live_run_ids()
         revoked = []
-        for run_id in launched:
+        for name, run_id in launched.items():
             if run_id in alive:
                 continue
             if self._credentials.revoke_run(run_id, "agent_exited"):
                 log.info("revoked the run credential of exited agent run=%s", run_id)
                 revoked.append(run_id)
-            self._settled.add(run_id)
+            self._settled.add(name)
         return revoked
