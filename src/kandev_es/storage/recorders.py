@@ -26,6 +26,7 @@ imported only when the database URL is PostgreSQL, psycopg being an extra):
 from __future__ import annotations
 
 import functools
+import struct
 import time
 import uuid
 import weakref
@@ -35,6 +36,8 @@ from typing import Any, TypeVar
 import psycopg
 from eventsourcing.persistence import InterfaceError, OperationalError, StoredEvent
 from eventsourcing.postgres import PostgresAggregateRecorder, PostgresApplicationRecorder
+from psycopg.adapt import Buffer, Dumper
+from psycopg.pq import Format
 from psycopg.rows import tuple_row
 from psycopg.sql import SQL, Identifier
 from psycopg_pool import PoolTimeout
@@ -74,6 +77,98 @@ def _retry_once_after_pool_check(method: F) -> F:
             return method(self, *args, **kwargs)
 
     return call  # type: ignore[return-value]
+
+
+# A save's four event arrays (and two guard arrays), packed straight into
+# PostgreSQL's binary array format: psycopg's generic list dumper finds the
+# element type and calls a Python dumper per element, a fifth of a Created's
+# Python calls. Same bytes, same parameter types (uuid[], bigint[], text[],
+# bytea[]); tests/unit/test_packed_arrays.py compares with psycopg's own.
+_HEAD = struct.Struct("!iIIii")  # dimensions, has-null, element oid, length, lower bound
+_EMPTY = struct.Struct("!iII")
+_LENGTH = struct.Struct("!i")
+_INT8 = struct.Struct("!iq")  # length 8, value
+_UUID_LENGTH = _LENGTH.pack(16)
+UUID_OID, INT8_OID, TEXT_OID, BYTEA_OID = 2950, 20, 25, 17
+
+
+class _Packed(bytes):
+    """One array parameter already in binary wire format."""
+
+
+class _UuidArray(_Packed):
+    pass
+
+
+class _Int8Array(_Packed):
+    pass
+
+
+class _TextArray(_Packed):
+    pass
+
+
+class _ByteaArray(_Packed):
+    pass
+
+
+def _register_packed(cls: type[_Packed], array_oid: int) -> None:
+    class PackedDumper(Dumper):
+        format = Format.BINARY
+        oid = array_oid
+
+        def dump(self, obj: Any) -> Buffer | None:
+            return bytes(obj)
+
+    # Registered globally: only these private types are affected.
+    psycopg.adapters.register_dumper(cls, PackedDumper)
+
+
+_register_packed(_UuidArray, 2951)
+_register_packed(_Int8Array, 1016)
+_register_packed(_TextArray, 1009)
+_register_packed(_ByteaArray, 1001)
+
+
+def _head(element_oid: int, count: int) -> bytes:
+    if not count:
+        return _EMPTY.pack(0, 0, element_oid)
+    return _HEAD.pack(1, 0, element_oid, count, 1)
+
+
+def pack_uuids(values: Sequence[uuid.UUID | str]) -> _UuidArray:
+    return _UuidArray(
+        _head(UUID_OID, len(values))
+        + b"".join(
+            [
+                _UUID_LENGTH + (value if isinstance(value, uuid.UUID) else uuid.UUID(value)).bytes
+                for value in values
+            ]
+        )
+    )
+
+
+def pack_int8s(values: Sequence[int]) -> _Int8Array:
+    return _Int8Array(
+        _head(INT8_OID, len(values)) + b"".join([_INT8.pack(8, value) for value in values])
+    )
+
+
+def pack_texts(values: Sequence[str], encoding: str) -> _TextArray:
+    # psycopg's own text dumper sends SQL_ASCII ("ascii") connections UTF-8.
+    encoding = encoding if encoding != "ascii" else "utf-8"
+    encoded = [value.encode(encoding) for value in values]
+    return _TextArray(
+        _head(TEXT_OID, len(values))
+        + b"".join([_LENGTH.pack(len(value)) + value for value in encoded])
+    )
+
+
+def pack_byteas(values: Sequence[bytes]) -> _ByteaArray:
+    return _ByteaArray(
+        _head(BYTEA_OID, len(values))
+        + b"".join([_LENGTH.pack(len(value)) + value for value in values])
+    )
 
 
 def _tuples(conn: psycopg.Connection[Any]) -> psycopg.Cursor[tuple[Any, ...]]:
@@ -126,14 +221,6 @@ class KandevPostgresRecorder(PostgresApplicationRecorder):
         if not stored_events:
             return []
         unchanged: Versions = kwargs.get("unchanged") or {}
-        params = (
-            [e.originator_id for e in stored_events],
-            [e.originator_version for e in stored_events],
-            [e.topic for e in stored_events],
-            [e.state for e in stored_events],
-            list(unchanged),
-            list(unchanged.values()),
-        )
         with self.datastore.get_connection() as conn:
             if conn not in self._read_committed:
                 # The guard must see what committed while the save waited for
@@ -141,6 +228,14 @@ class KandevPostgresRecorder(PostgresApplicationRecorder):
                 # (event_sql.insert_function refuses any other level).
                 conn.execute(SET_READ_COMMITTED)
                 self._read_committed.add(conn)
+            params = (
+                pack_uuids([e.originator_id for e in stored_events]),
+                pack_int8s([e.originator_version for e in stored_events]),
+                pack_texts([e.topic for e in stored_events], conn.info.encoding),
+                pack_byteas([e.state for e in stored_events]),
+                pack_uuids(list(unchanged)),
+                pack_int8s(list(unchanged.values())),
+            )
             cursor = _tuples(conn)
             with conn.pipeline():  # one round trip for both transactions
                 cursor.execute(self._insert_sql, params, prepare=True)
