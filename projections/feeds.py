@@ -23,7 +23,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from kandev_es.projections.base import db_id, event_topics, load_dtos
-from kandev_es.projections.tasks import initial_dto, patch_dto
+from kandev_es.projections.tasks import advance
 
 from kandev_es.domain.task import TASK_ACTIVE, Task
 from kandev_es.storage.database import Transaction
@@ -62,17 +62,11 @@ class FeedsProjection(TableSet):
         for event, position in events:
             task_id = event.originator_id
             changed.add(task_id)
-            if isinstance(event, Task.Created):
-                states[task_id] = initial_dto(event)
-                continue
-            dto = states.get(task_id)
+            before = states.get(task_id)
+            was_active = before is not None and before["state"] == TASK_ACTIVE
+            dto = advance(states, event)
             if dto is None:
                 continue
-            if isinstance(event, Task.Deleted | Task.CreationAborted):
-                states[task_id] = None
-                continue
-            was_active = dto["state"] == TASK_ACTIVE
-            patch_dto(dto, event)
             kind = None
             if isinstance(event, Task.Activated):
                 kind = TASK_CREATED

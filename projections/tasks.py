@@ -36,19 +36,9 @@ class TasksProjection(TableSet):
         dtos: dict[uuid.UUID, dict[str, Any] | None] = dict(existing)
         born: dict[uuid.UUID, int] = {}
         for event, position in events:
-            task_id = event.originator_id
             if isinstance(event, Task.Created):
-                dtos[task_id] = initial_dto(event)
-                born[task_id] = position
-                continue
-            dto = dtos.get(task_id)
-            if dto is None:
-                continue
-            if isinstance(event, Task.Deleted | Task.CreationAborted):
-                # An aborted creation never existed for callers; a deleted task is gone.
-                dtos[task_id] = None
-                continue
-            patch_dto(dto, event)
+                born[event.originator_id] = position
+            advance(dtos, event)
         self._write(tx, dtos, born, set(existing), backend)
 
     def _load(
@@ -107,6 +97,26 @@ def initial_dto(event: Task.Created) -> dict[str, Any]:
     task = event.mutate(None)
     assert isinstance(task, Task)
     return task_dto(task)
+
+
+def advance(states: dict[uuid.UUID, dict[str, Any] | None], event: Any) -> dict[str, Any] | None:
+    """Advance ``states`` (task id -> its DTO; None once gone) by one Task event,
+    by the rule every task read model follows: Created starts the DTO, Deleted
+    and CreationAborted end it (an aborted creation never existed for callers;
+    a deleted task is gone), any other event patches it, and an event of a task
+    not there changes nothing. The DTO it patched, or None."""
+    task_id = event.originator_id
+    if isinstance(event, Task.Created):
+        states[task_id] = initial_dto(event)
+        return None
+    dto = states.get(task_id)
+    if dto is None:
+        return None
+    if isinstance(event, Task.Deleted | Task.CreationAborted):
+        states[task_id] = None
+        return None
+    patch_dto(dto, event)
+    return dto
 
 
 def patch_dto(dto: dict[str, Any], event: Any) -> None:

@@ -10,8 +10,7 @@ from pathlib import Path
 
 from kandev_es.agent.processes import stop_run
 from kandev_es.config import data_path
-from kandev_es.domain.agent_session import session_id_for
-from tests.support.served import ServedProcess, http
+from tests.support.served import ServedProcess
 
 WAIT_S = 60.0
 SECRET = "s3cr3t-" + uuid.uuid4().hex
@@ -32,13 +31,8 @@ def test_an_agent_gets_only_the_allowlist_and_its_run_variables(settings, tmp_pa
     )
     run_id = ""
     try:
-        created = http(
-            "POST", server.base + "/api/v1/tasks", server.token,
-            {"workspace_id": server.workspace_id, "title": "env probe", "start_agent": True},
-        )
-        assert created.status == 200, created.body
-        run_id = str(session_id_for(uuid.UUID(created.body["id"])))
-        dump = data_path(settings, "sessions", created.body["id"]) / "env.dump"
+        task_id, run_id = server.start_agent_task("env probe")
+        dump = data_path(settings, "sessions", task_id) / "env.dump"
         server.wait_for_file(dump, "agent never wrote env", WAIT_S)
         env = _parse(dump)
     finally:
@@ -50,7 +44,7 @@ def test_an_agent_gets_only_the_allowlist_and_its_run_variables(settings, tmp_pa
     assert "KANDEV_DATABASE_URL" not in env and "KANDEV_DATA_DIR" not in env
     assert env["ALLOWED_EXTRA"] == "visible" and env["LC_ALL"] == "C"
     assert env["KANDEV_RUN_ID"] == run_id
-    assert env["KANDEV_TASK_ID"] == created.body["id"]
+    assert env["KANDEV_TASK_ID"] == task_id
     assert env["KANDEV_RUN_TOKEN"].startswith("kes_")
     kandev = {name for name in env if name.startswith("KANDEV_")}
     assert kandev == {

@@ -9,14 +9,12 @@ import json
 import os
 import shlex
 import subprocess
-import uuid
 from pathlib import Path
 
 import pytest
 
 from kandev_es.agent.processes import stop_run
 from kandev_es.config import data_path
-from kandev_es.domain.agent_session import session_id_for
 from tests.support.served import ServedProcess, http, kandev_command
 
 WAIT_S = 60.0
@@ -51,13 +49,9 @@ def served(settings, tmp_path):
 
 def test_agentctl_from_a_real_agent_creates_then_finds_the_same_task(settings, served):
     server, launched = served
-    parent = http(
-        "POST", server.base + "/api/v1/tasks", server.token,
-        {"workspace_id": server.workspace_id, "title": "run an agent", "start_agent": True},
-    )
-    assert parent.status == 200, parent.body
-    launched.append(str(session_id_for(uuid.UUID(parent.body["id"]))))
-    cwd = data_path(settings, "sessions", parent.body["id"])
+    parent_id, run_id = server.start_agent_task("run an agent")
+    launched.append(run_id)
+    cwd = data_path(settings, "sessions", parent_id)
     server.wait_for_file(cwd / "agentctl.done", "agent never finished", WAIT_S)
     first = json.loads((cwd / "first.json").read_text())
     second = json.loads((cwd / "second.json").read_text())
@@ -69,7 +63,7 @@ def test_agentctl_from_a_real_agent_creates_then_finds_the_same_task(settings, s
     assert (second["outcome"], second["deduplicated"], second["creation_complete"]) == (
         "found_settled", True, True,
     )
-    assert second["id"] == first["id"] and first["id"] != parent.body["id"]
+    assert second["id"] == first["id"] and first["id"] != parent_id
     task = http("GET", f"{server.base}/api/v1/tasks/{first['id']}", server.token)
     assert task.status == 200
     assert (task.body["title"], task.body["external_id"]) == ("from-agent", "AGENT-1")

@@ -14,7 +14,6 @@ import uuid
 
 from kandev_es.agent.processes import processes_for_run, stop_run
 from kandev_es.config import data_path
-from kandev_es.domain.agent_session import session_id_for
 from tests.support.served import ServedProcess, http
 
 WAIT_S = 60.0
@@ -41,13 +40,7 @@ def test_a_run_credential_works_only_for_its_run_and_ends_with_the_agent(setting
     server = ServedProcess(settings, tmp_path, KANDEV_AGENT_COMMAND=f"sh {script}")
     run_id = ""
     try:
-        created = http(
-            "POST", server.base + "/api/v1/tasks", server.token,
-            {"workspace_id": server.workspace_id, "title": "run probe", "start_agent": True},
-        )
-        assert created.status == 200, created.body
-        task_id = created.body["id"]
-        run_id = str(session_id_for(uuid.UUID(task_id)))
+        task_id, run_id = server.start_agent_task("run probe")
         session = data_path(settings, "sessions", task_id)
         server.wait_for_file(session / "env.dump", "the agent never wrote env.dump", WAIT_S)
         dumped = (session / "env.dump").read_text().split("\0")

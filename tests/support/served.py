@@ -15,12 +15,14 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+import uuid
 from dataclasses import dataclass, field
 from http.client import HTTPConnection
 from pathlib import Path
 from typing import Any
 
 from kandev_es.config import Settings
+from kandev_es.domain.agent_session import session_id_for
 
 WAIT_S = 30.0
 BIND_ATTEMPTS = 3
@@ -249,6 +251,17 @@ class ServedProcess(Launched):
                 break
             time.sleep(0.05)
         raise AssertionError("server did not start:\n" + self.log())
+
+    def start_agent_task(self, title: str) -> tuple[str, str]:
+        """A task of the `default` workspace created with ``start_agent`` by the
+        admin token: its id and its run id (its agent's ``KANDEV_RUN_ID``)."""
+        created = http(
+            "POST", self.base + "/api/v1/tasks", self.token,
+            {"workspace_id": self.workspace_id, "title": title, "start_agent": True},
+        )
+        assert created.status == 200, created.body
+        task_id = str(created.body["id"])
+        return task_id, str(session_id_for(uuid.UUID(task_id)))
 
     def wait_healthy(self) -> None:
         deadline = time.monotonic() + WAIT_S

@@ -38,3 +38,18 @@ def test_layout_names_every_package_and_module() -> None:
 def test_a_module_the_layout_omits_is_reported() -> None:
     layout = layout_block().replace("placement", "")
     assert unnamed(layout) == ["src/kandev_es/creation/placement.py"]
+
+
+def test_the_import_order_drawn_is_the_one_the_layer_test_enforces() -> None:
+    from tests.unit.test_layers import LAYERS
+
+    section = (ROOT / "README.md").read_text(encoding="utf-8").split("\n## Layout\n", 1)[1]
+    drawing = next(block for block in section.split("```")[1::2] if "→" in block)
+    drawn = [
+        [sorted(name.strip() for name in group.split(",")) for group in layer.split("|")]
+        for layer in " ".join(drawing.split()).split("→")
+    ]
+    enforced = [
+        [sorted(prefix for prefix in group if prefix) for group in layer] for layer in LAYERS
+    ]
+    assert drawn == enforced

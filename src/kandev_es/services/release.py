@@ -19,6 +19,7 @@ from kandev_es.errors import (
     MissingOperationId,
     OperationIdReused,
     ReleaseConflict,
+    TaskNotFound,
 )
 from kandev_es.storage.attestation import AttestationGuard
 from kandev_es.views import task_dto
@@ -91,7 +92,7 @@ class ReleaseService:
         holder = identity.holder if identity else None
         if identity is None or holder is None:
             # Stored too: a replay must answer the same even once someone holds it.
-            body: dict[str, Any] = {"error": "task not found"}
+            body: dict[str, Any] = TaskNotFound("task not found").to_dict()
             self._app.save_atomically(
                 ReleaseOperation.record(workspace_id, operation_id, external_id, False, body)
             )
