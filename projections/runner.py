@@ -44,6 +44,11 @@ class ProjectionRunner:
         self.failures: dict[str, Exception] = {}
         self.head = 0
         self.reached: dict[str, int] = {}  # tracking name -> position after its last pass
+        # Events decoded in the current pass, by notification id: projections
+        # reading the same topics (identities and creations; tasks and feeds)
+        # decode each event once. Only inside run_once; projections never
+        # change an event. Per thread: a rebuild applies from its own thread.
+        self._pass = threading.local()
 
     def get(self, name: str) -> Projection:
         for projection in self.projections:
@@ -71,14 +76,18 @@ class ProjectionRunner:
                 self.head = self.checkpoint()
             except Exception as error:
                 failures["checkpoint"] = error
-            for projection in self.projections:
-                try:
-                    with self.database.transaction() as tx:
-                        read += self.apply_pending(
-                            tx, projection, projection.name, self._batch_size
-                        )
-                except Exception as error:
-                    failures[projection.name] = error
+            self._pass.decoded = {}
+            try:
+                for projection in self.projections:
+                    try:
+                        with self.database.transaction() as tx:
+                            read += self.apply_pending(
+                                tx, projection, projection.name, self._batch_size
+                            )
+                    except Exception as error:
+                        failures[projection.name] = error
+            finally:
+                self._pass.decoded = None
         for name in set(self.failures) - set(failures):
             log.info("projection %s recovered", name)
         for name in set(failures) - set(self.failures):
@@ -155,7 +164,16 @@ class ProjectionRunner:
 
     def _apply(self, tx: Transaction, projection: Projection, notifications: Any) -> None:
         backend = self.database.backend
-        items = [(self.app.mapper.to_domain_event(n), n.id) for n in notifications]
+        decoded: dict[int, Any] | None = getattr(self._pass, "decoded", None)
+        if decoded is None:
+            items = [(self.app.mapper.to_domain_event(n), n.id) for n in notifications]
+        else:
+            items = []
+            for n in notifications:
+                event = decoded.get(n.id)
+                if event is None:
+                    event = decoded[n.id] = self.app.mapper.to_domain_event(n)
+                items.append((event, n.id))
         if isinstance(projection, BatchProjection):
             projection.apply_batch(tx, items, backend)
         else:
