@@ -4,6 +4,7 @@ event store stays the truth: the Runtime re-reads each candidate."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from kandev_es.projections.base import db_id, event_topics
@@ -17,6 +18,30 @@ class CreationsProjection(TableSet):
     name = "creations"
     tables = ("creations_view",)
     topics = event_topics(Identity)
+
+    def apply_batch(self, tx: Transaction, items: Sequence[tuple[Any, int]], backend: str) -> None:
+        """As ``apply`` one event after another, in fewer statements: a row
+        whose tenure ends (Completed or Aborted) later in the batch is only
+        deleted, its earlier inserts and updates skipped (it ends absent
+        either way), and the deletions go in one ``executemany`` before the
+        batch's other statements. Rows of different (identity, tenure) never
+        touch each other, and a tenure's events after its last end in the
+        batch still run after its deletion, in order. A create that claims and
+        completes within one batch (every Created) so costs no statement of
+        its own but one deletion row, instead of three to five statements."""
+        ends: dict[tuple[Any, Any], int] = {}
+        for index, (event, _) in enumerate(items):
+            if isinstance(event, Identity.Completed | Identity.Aborted):
+                ends[(event.originator_id, event.tenure)] = index
+        if ends:
+            tx.executemany(
+                f"DELETE FROM {self.t('creations_view')} WHERE identity_id = ? AND tenure = ?",
+                [(db_id(identity, backend), tenure) for identity, tenure in ends],
+            )
+        for index, (event, position) in enumerate(items):
+            end = ends.get((getattr(event, "originator_id", None), getattr(event, "tenure", None)))
+            if end is None or index > end:
+                self.apply(tx, event, position, backend)
 
     def apply(self, tx: Transaction, event: Any, position: int, backend: str) -> None:
         identity = db_id(getattr(event, "originator_id", None), backend)
