@@ -1,7 +1,8 @@
 """The auditor's page (issue 16.5) in a real headless Chromium against a real
 `kandev-es serve`, both backends: what a person sees on the link that
 `kandev-es identity history` prints — each tenure, its claim, the release with
-its operation id and actor, the task link, the hostile external id and title
+its operation id and actor, the task each tenure produced (an in-page link to
+its identifier, title, state and workflow step), the hostile external id and title
 shown as text — and that an expired link, or a link used for another identity,
 is refused. The link's secret never reaches the server's log."""
 
@@ -128,10 +129,17 @@ def test_a_person_sees_each_tenure_release_actor_task_and_hostile_text_as_text(
     tenure_1 = dom[dom.index('id="tenure-1"') : dom.index('id="tenure-2"')]
     assert "ticket-4711-release" in _text(tenure_1)
     assert f"by token:{made['operator_id']}" in _text(tenure_1), "release actor shown"
-    assert f'href="/api/v1/tasks/{made["first"]["id"]}"' in tenure_1, "the task it produced"
+    assert f'href="#task-{made["first"]["id"]}"' in tenure_1, "the task it produced"
     assert made["first"]["identifier"] in _text(tenure_1)
-    tenure_2 = dom[dom.index('id="tenure-2"') :]
-    assert f'href="/api/v1/tasks/{made["second"]["id"]}"' in tenure_2
+    tenure_2 = dom[dom.index('id="tenure-2"') : dom.index('class="tasks"')]
+    assert f'href="#task-{made["second"]["id"]}"' in tenure_2
+    assert "/api/v1/" not in dom, "no link on the page needs a bearer token"
+    for task in (made["first"], made["second"]):  # a release leaves its task be
+        card = dom[dom.index(f'id="task-{task["id"]}"') :]
+        card = _text(card[: card.index("</section>")])
+        assert task["identifier"] in card and task["id"] in card, card
+        assert "state active" in card and "workflow default step backlog" in card, card
+    assert "title Second" in _text(dom[dom.index(f'id="task-{made["second"]["id"]}"') :])
     assert "holds the identity" in _text(tenure_2) and "Second" in _text(tenure_2)
     assert "outcome created" in _text(tenure_1) and "outcome created" in _text(tenure_2)
     rows = tenure_1.split('<tr class="event ')[1:]

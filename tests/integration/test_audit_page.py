@@ -7,6 +7,7 @@ everything autoescaped. The browser's view is tests/e2e/test_audit_page.py."""
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -252,3 +253,26 @@ def test_a_recovered_and_aborted_tenure_shows_its_owner_reason_and_failed_step(
     assert "nobody: the identity is free" in html
     assert "&lt;b&gt;boom&lt;/b&gt;" in html and "<b>boom" not in html
     assert "event-RecoveryClaimed" in html and "event-Aborted" in html
+
+
+def test_each_tenure_links_to_its_task_on_the_page_itself(
+    client, services, workspace, admin, identity
+):
+    """No link leaves the page for the REST API (which wants a bearer header, so
+    a browser gets its 404): a tenure's task link is an in-page anchor to a
+    section with the task's identifier, title, state, workflow and step."""
+    moved = client.patch(
+        f"/api/v1/tasks/{identity['id']}",
+        json={"workflow_step": "review"},
+        headers=bearer(admin[1]),
+    )
+    assert moved.status_code == 200, moved.json
+    html = _page(client, _query(workspace), admin[1]).get_data(as_text=True)
+    assert "/api/v1/" not in html, "no link needs a bearer token"
+    hrefs = re.findall(r'href="([^"]*)"', html)
+    assert hrefs == ["/audit/static/audit.css", f"#task-{identity['id']}"], hrefs
+    section = html[html.index(f'id="task-{identity["id"]}"') :]
+    section = section[: section.index("</section>")]
+    for fact in (identity["identifier"], identity["id"], "active", "default", "review"):
+        assert fact in section, fact
+    assert "title &lt;script&gt;alert(1)&lt;/script&gt;" in section and "<script" not in section

@@ -1,6 +1,8 @@
 """The auditor's page as data: an identity's history (services/history.py)
 grouped by tenure — its claim, each step with evidence, recovery, outcome,
-release or abort with operation id and actor, and the task it produced.
+release or abort with operation id and actor, and the task it produced (its
+facts are on the page itself: the REST route wants a bearer header a browser
+does not send).
 
 Plain values only; the template (api/templates/audit/) renders them with
 autoescaping, because external ids, titles and evidence are hostile input.
@@ -26,6 +28,8 @@ class TaskSummary:
     identifier: str = ""
     title: str = ""
     state: str = "missing"  # active, preparing, archived, deleted, aborted, missing
+    workflow: str = ""
+    workflow_step: str = ""
 
 
 @dataclass
@@ -64,6 +68,8 @@ class Timeline:
     holder: int | None
     registered_at: str
     tenures: list[TenureView]
+    # The tasks the tenures produced, each once, in tenure order.
+    tasks: list[TaskSummary] = field(default_factory=list)
 
 
 def _text(value: Any) -> str:
@@ -84,7 +90,9 @@ def _task(app: Tasks, task_id: str) -> TaskSummary:
         state = "archived"
     else:
         state = str(task.phase)
-    return TaskSummary(task_id, task.identifier, task.title, state)
+    return TaskSummary(
+        task_id, task.identifier, task.title, state, task.workflow, task.workflow_step
+    )
 
 
 def _entry(event: dict[str, Any]) -> Entry:
@@ -154,4 +162,5 @@ def identity_timeline(app: Tasks, workspace_id: uuid.UUID, external_id: str) -> 
         holder=holder,
         registered_at=registered_at,
         tenures=[tenures[n] for n in sorted(tenures)],
+        tasks=list({t.task.id: t.task for n, t in sorted(tenures.items()) if t.task.id}.values()),
     )
