@@ -67,7 +67,7 @@ class Services:
             self.projections,
             self.driver,
             self.settings.lease_seconds,
-            ExitedAgents(data_path(self.settings, "agents"), self.tokens),
+            ExitedAgents(data_path(self.settings, "agents"), self.tokens, self.app),
             owner_id,
         )
 

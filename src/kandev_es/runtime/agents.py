@@ -2,41 +2,57 @@
 The launching worker's reaper thread revokes when its agent exits; a worker
 that died took that thread with it, and without this the credential would
 live until its TTL. The pidfiles agent launch writes say which runs were
-launched; /proc says which still run."""
+launched; /proc says which still run.
+
+A settled run (exited, credential revoked) loses its pidfile, so the agents
+directory does not grow with every run. Not while its task is still
+preparing: then the pidfile is the launch step's witness, which a recovering
+owner reconnects through (creation/steps/agent_launch.py reconcile); once the
+creation settles the step's evidence is in the event store. A still-running
+agent keeps its pidfile, and the log next to it stays."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import uuid
 from pathlib import Path
 
 from kandev_es.agent.processes import live_run_ids
+from kandev_es.application import Tasks
 from kandev_es.creation.steps.base import RunCredentials
+from kandev_es.domain.task import TASK_PREPARING, Task
 
 log = logging.getLogger("kandev_es.runtime")
 
 
 class ExitedAgents:
-    def __init__(self, pidfiles: Path, credentials: RunCredentials) -> None:
+    def __init__(self, pidfiles: Path, credentials: RunCredentials, app: Tasks) -> None:
         self._pidfiles = pidfiles
         self._credentials = credentials
-        # Pidfiles stay after their run ends, and a revoked run credential is
-        # never reissued: each one is settled once and not read again.
-        self._settled: set[str] = set()
+        self._app = app
 
-    def _launched(self) -> dict[str, str]:
-        """{pidfile name: run id} of every pidfile not settled yet."""
+    def _launched(self) -> dict[Path, str]:
+        """{pidfile: run id} of every pidfile there."""
         runs = {}
         for pidfile in sorted(self._pidfiles.glob("*.pid")):
-            if pidfile.name in self._settled:
-                continue
             try:
                 run_id = json.loads(pidfile.read_text(encoding="utf-8")).get("run_id")
             except (OSError, ValueError, AttributeError):
                 continue  # removed meanwhile, or being written
             if isinstance(run_id, str):
-                runs[pidfile.name] = run_id
+                runs[pidfile] = run_id
         return runs
+
+    def _creation_unsettled(self, pidfile: Path) -> bool:
+        try:
+            task_id = uuid.UUID(pidfile.stem)  # agent_launch names it <task id>.pid
+        except ValueError:
+            return False
+        task = self._app.load(task_id, Task)
+        # Claimed and Task.Created share one save: no task, no creation in flight.
+        return task is not None and task.phase == TASK_PREPARING
 
     def revoke_exited(self) -> list[str]:
         """One scan; the runs whose credential this call revoked."""
@@ -45,11 +61,13 @@ class ExitedAgents:
             return []
         alive = live_run_ids()
         revoked = []
-        for name, run_id in launched.items():
+        for pidfile, run_id in launched.items():
             if run_id in alive:
                 continue
             if self._credentials.revoke_run(run_id, "agent_exited"):
                 log.info("revoked the run credential of exited agent run=%s", run_id)
                 revoked.append(run_id)
-            self._settled.add(name)
+            if not self._creation_unsettled(pidfile):
+                with contextlib.suppress(FileNotFoundError):
+                    pidfile.unlink()
         return revoked
