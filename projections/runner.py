@@ -129,23 +129,41 @@ class ProjectionRunner:
     ) -> int:
         """Inside ``tx``: apply up to ``limit`` events after the position tracked
         under ``tracking`` and advance it. Returns how many events were read."""
+        topics: Sequence[str] = getattr(projection, "topics", ())
+        recorder = cast(Any, self.app.recorder)
+        # Look before locking: an idle pass (nothing settled after the tracked
+        # position) then neither locks nor writes the tracking row. On PostgreSQL
+        # a row lock gives the transaction an id, so every idle pass of every
+        # runner would otherwise end in a WAL flush.
+        rows = tx.execute("SELECT position FROM projection_tracking WHERE name = ?", (tracking,))
+        peeked: Settled | None = None
+        if rows:
+            seen = int(rows[0][0])
+            peeked = recorder.read_settled(seen, limit, list(topics))
+            if not peeked.notifications and peeked.position <= seen:
+                self.reached[tracking] = seen
+                return 0
+        else:
+            tx.execute(
+                "INSERT INTO projection_tracking (name, position) VALUES (?, 0)"
+                " ON CONFLICT (name) DO NOTHING",
+                (tracking,),
+            )
         lock = " FOR UPDATE" if self.database.backend == "postgres" else ""
         # Runners in several processes serialise on the tracking row, so an
         # event is never applied twice.
-        tx.execute(
-            "INSERT INTO projection_tracking (name, position) VALUES (?, 0)"
-            " ON CONFLICT (name) DO NOTHING",
-            (tracking,),
-        )
         rows = tx.execute(
             "SELECT position FROM projection_tracking WHERE name = ?" + lock, (tracking,)
         )
         position = int(rows[0][0])
-        topics: Sequence[str] = getattr(projection, "topics", ())
         # Only settled events: nothing at or below the settled position can
         # still commit, so moving there never skips one (storage/settled.py).
-        settled: Settled = cast(Any, self.app.recorder).read_settled(
-            position, limit, list(topics)
+        # What was peeked from the same position still holds: settled events
+        # never change.
+        settled: Settled = (
+            peeked
+            if peeked is not None and position == seen
+            else recorder.read_settled(position, limit, list(topics))
         )
         notifications = settled.notifications
         if len(notifications) == limit:

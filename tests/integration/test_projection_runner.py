@@ -179,3 +179,29 @@ def test_runner_catches_up_after_the_database_restarts_under_load(tmp_path, back
     finally:
         services.close()
         cluster.stop()
+
+
+@pytest.mark.postgres_only
+def test_an_idle_pass_neither_locks_nor_writes_a_tracking_row(client, services, member):
+    """Once caught up, a pass with nothing new takes no row lock (a lock gives
+    the transaction an id, so each idle pass of each runner would end in a WAL
+    flush); the next event is still applied once, by a pass that does lock."""
+    _, secret = member
+    runner = services.projections
+    create(client, secret, external_id="IDLE-1", title="first")
+    runner.catch_up()
+
+    def tracking():
+        with services.database.transaction() as tx:
+            return dict(
+                tx.execute("SELECT name, xmax::text FROM projection_tracking ORDER BY name")
+            )
+
+    before = tracking()
+    assert set(before) >= {p.name for p in runner.projections}
+    assert runner.run_once() == 0
+    assert tracking() == before
+    create(client, secret, external_id="IDLE-2", title="second")
+    assert runner.run_once() > 0
+    assert tracking() != before
+    assert len(_feed_rows(services)) == 2
