@@ -24,6 +24,10 @@ log = logging.getLogger("kandev_es.projections")
 MAX_BACKOFF_SECONDS = 5.0
 CATCH_UP_SECONDS = 60.0
 UNSETTLED_POLL_SECONDS = 0.02
+# While the head has not moved since a pass that left every projection there,
+# a pass only reads the head; a full look still happens this often, so a
+# tracking row changed by hand elsewhere is noticed.
+IDLE_RECHECK_SECONDS = 1.0
 
 
 class ProjectionRunner:
@@ -49,6 +53,8 @@ class ProjectionRunner:
         # decode each event once. Only inside run_once; projections never
         # change an event. Per thread: a rebuild applies from its own thread.
         self._pass = threading.local()
+        self._idle_head: int | None = None  # head all projections reached, last full pass
+        self._idle_until = 0.0
 
     def get(self, name: str) -> Projection:
         for projection in self.projections:
@@ -76,6 +82,10 @@ class ProjectionRunner:
                 self.head = self.checkpoint()
             except Exception as error:
                 failures["checkpoint"] = error
+            if not failures and self._idle(time.monotonic()):
+                return 0
+            self._idle_head = None
+            head = self.head
             self._pass.decoded = {}
             try:
                 for projection in self.projections:
@@ -93,9 +103,20 @@ class ProjectionRunner:
         for name in set(failures) - set(self.failures):
             log.warning("projection %s failed (%s); retrying", name, failures[name])
         self.failures = failures
+        if not failures and all(
+            self.reached.get(p.name, -1) >= head for p in self.projections
+        ):
+            self._idle_head, self._idle_until = head, time.monotonic() + IDLE_RECHECK_SECONDS
         if failures and raise_errors:
             raise next(iter(failures.values()))
         return read
+
+    def _idle(self, now: float) -> bool:
+        """Nothing to apply: the head is where the last full pass left every
+        projection. An event committing later takes a higher id (one below the
+        head still open would have kept a projection below it), so the head
+        moves first."""
+        return self._idle_head == self.head and now < self._idle_until
 
     def checkpoint(self) -> int:
         """Let the store note how far the log has grown (before any tracking
