@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import uuid
+from typing import TypeGuard
 
 from eventsourcing.domain import Aggregate, event
 
@@ -16,6 +17,15 @@ TOKEN_NAMESPACE = uuid.UUID("a3e1c6d2-7b94-4f08-8d2e-61c9b5f0e4a7")
 
 def hash_token(secret: str) -> str:
     return hashlib.sha256(secret.encode("utf-8")).hexdigest()
+
+
+MAX_SECRET_LENGTH = 200
+
+
+def well_formed(secret: str | None, prefix: str) -> TypeGuard[str]:
+    """A presented secret worth hashing and looking up: ours by its prefix and
+    not oversized (anything else is refused without touching the store)."""
+    return secret is not None and secret.startswith(prefix) and len(secret) <= MAX_SECRET_LENGTH
 
 
 @functools.lru_cache(maxsize=4096)  # every request of a token asks again (SHA-1)

@@ -12,7 +12,7 @@ from urllib.parse import urlencode
 
 from kandev_es.application import Tasks
 from kandev_es.domain.audit_link import AuditLink, audit_link_id_for
-from kandev_es.domain.token import hash_token
+from kandev_es.domain.token import hash_token, well_formed
 
 LINK_PREFIX = "kal_"
 # The query parameter the page reads; the access log redacts it (api/access_log.py).
@@ -48,7 +48,7 @@ class AuditLinkService:
 
     def permits(self, secret: str | None, workspace_id: uuid.UUID, external_id: str) -> bool:
         """True only for an unexpired link issued for exactly this identity."""
-        if not secret or not secret.startswith(LINK_PREFIX) or len(secret) > 200:
+        if not well_formed(secret, LINK_PREFIX):
             return False
         secret_hash = hash_token(secret)
         link = self._app.load(audit_link_id_for(secret_hash), AuditLink)

@@ -18,6 +18,7 @@ from kandev_es.domain.token import (
     hash_token,
     run_token_id_for,
     token_id_for,
+    well_formed,
 )
 from kandev_es.errors import TokenNotFound
 
@@ -99,7 +100,7 @@ class TokenService:
         return secret
 
     def authenticate(self, secret: str | None) -> Principal | None:
-        if not secret or not secret.startswith(TOKEN_PREFIX) or len(secret) > 200:
+        if not well_formed(secret, TOKEN_PREFIX):
             return None
         token_hash = hash_token(secret)
         # A shared snapshot caught up by one query for the events after it (no
@@ -110,7 +111,7 @@ class TokenService:
     def authenticate_unconfirmed(self, secret: str | None) -> Principal | Unconfirmed | None:
         """Without a query when this process has read the token before (an
         ``Unconfirmed`` its caller must confirm); otherwise ``authenticate``."""
-        if not secret or not secret.startswith(TOKEN_PREFIX) or len(secret) > 200:
+        if not well_formed(secret, TOKEN_PREFIX):
             return None
         token_hash = hash_token(secret)
         known = principal_of(self._app.snapshot(token_id_for(token_hash), ApiToken), token_hash)
@@ -122,7 +123,7 @@ class TokenService:
         """A run credential plus the run id it is bound to (``X-Kandev-Run-Id``).
         Anything else — a workspace or admin token, a missing or different run
         id — is no principal at all, so the caller sees the usual refusal."""
-        if not secret or not secret.startswith(TOKEN_PREFIX) or len(secret) > 200:
+        if not well_formed(secret, TOKEN_PREFIX):
             return None
         if not run_id or len(run_id) > 200:
             return None
