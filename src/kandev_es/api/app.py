@@ -26,6 +26,7 @@ from kandev_es.api.context import EXTENSION_KEY
 from kandev_es.bootstrap import Services, bootstrap
 from kandev_es.config import Settings, load_settings
 from kandev_es.limits import check_query_string, parse_cursor
+from kandev_es.services.stream_slots import StreamSlots
 
 
 def create_app(
@@ -39,6 +40,9 @@ def create_app(
     app = Flask("kandev_es")
     _configure(app, settings)
     app.extensions[EXTENSION_KEY] = services
+    app.extensions[events.STREAM_SLOTS_KEY] = StreamSlots(
+        settings.max_streams, settings.max_streams_per_token
+    )
     api = _register_api(app)
     _register_blueprints(api)
     # HTML, not part of the REST contract: a plain blueprint, outside the OpenAPI.

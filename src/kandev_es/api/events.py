@@ -42,14 +42,14 @@ def _authorized_workspace(workspace_id: str) -> uuid.UUID:
     return _authorized(workspace_id)[0]
 
 
+STREAM_SLOTS_KEY = "kandev_es.streams"
+
+
 def _slots() -> StreamSlots:
-    app = current_app
-    slots = app.extensions.get("kandev_es.streams")
-    if slots is None:
-        settings = services().settings
-        slots = StreamSlots(settings.max_streams, settings.max_streams_per_token)
-        app.extensions["kandev_es.streams"] = slots
-    return cast(StreamSlots, slots)
+    # Built once by create_app: a pool made lazily here could be made twice by
+    # two first streams at once, and a slot taken in the lost one would escape
+    # the caps.
+    return cast(StreamSlots, current_app.extensions[STREAM_SLOTS_KEY])
 
 
 @blp.route("/workspaces/<workspace_id>/events")
