@@ -50,7 +50,7 @@ class ExitedAgents:
             task_id = uuid.UUID(pidfile.stem)  # agent_launch names it <task id>.pid
         except ValueError:
             return False
-        task = self._app.load(task_id, Task)
+        task = self._app.read(task_id, Task)
         # Claimed and Task.Created share one save: no task, no creation in flight.
         return task is not None and task.phase == TASK_PREPARING
 
