@@ -88,11 +88,14 @@ class Horizon:
         """The highest L of any checkpoint (or the floor): a new checkpoint
         is only worth a transaction id when the head is beyond it."""
         with self._lock:
-            return max([self._floor, *(upto for upto, _ in self._pending)])
+            return self._known_locked()
+
+    def _known_locked(self) -> int:
+        return max([self._floor, *(upto for upto, _ in self._pending)])
 
     def add(self, head: int, xid: int) -> None:
         with self._lock:
-            if head <= max([self._floor, *(upto for upto, _ in self._pending)]):
+            if head <= self._known_locked():
                 return
             if len(self._pending) >= MAX_PENDING:
                 # The oldest checkpoints settle first; a newer one only
