@@ -35,7 +35,7 @@ class CreationsProjection(TableSet):
                 ends[(event.originator_id, event.tenure)] = index
         if ends:
             tx.executemany(
-                f"DELETE FROM {self.t('creations_view')} WHERE identity_id = ? AND tenure = ?",
+                self._delete_tenure_sql(),
                 [(db_id(identity, backend), tenure) for identity, tenure in ends],
             )
         for index, (event, position) in enumerate(items):
@@ -80,9 +80,13 @@ class CreationsProjection(TableSet):
             self._update(tx, identity, event.tenure, "phase = ?", "aborting")
         elif isinstance(event, Identity.Completed | Identity.Aborted):
             tx.execute(
-                f"DELETE FROM {self.t('creations_view')} WHERE identity_id = ? AND tenure = ?",
+                self._delete_tenure_sql(),
                 (identity, event.tenure),
             )
+
+    def _delete_tenure_sql(self) -> str:
+        """A settled tenure leaves the view (one event at a time and in a batch)."""
+        return f"DELETE FROM {self.t('creations_view')} WHERE identity_id = ? AND tenure = ?"
 
     def _update(
         self, tx: Transaction, identity: Any, tenure: int, assignment: str, value: Any
