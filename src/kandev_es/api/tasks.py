@@ -23,6 +23,7 @@ from kandev_es.creation.request import CreateTaskRequestSchema
 from kandev_es.domain.external_id import normalize_external_id, require_external_id
 from kandev_es.domain.principal import require_operator
 from kandev_es.errors import TaskNotFound
+from kandev_es.services.release import NO_HOLDER
 from kandev_es.views import task_dto
 
 blp = Blueprint("tasks", __name__, url_prefix="/api/v1", description="Tasks")
@@ -112,8 +113,8 @@ class TaskLookup(MethodView):
             actor=who.actor,
         )
         headers = {"Idempotent-Replayed": "true" if result.replayed else "false"}
-        if not result.released:  # no holder: the stored task-not-found body
-            return jsonify(result.body), http_status(TaskNotFound("task not found")), headers
+        if not result.released:  # no holder: the stored answer
+            return jsonify(result.body), http_status(NO_HOLDER), headers
         return result.body, 200, headers
 
 
