@@ -39,8 +39,8 @@ from __future__ import annotations
 import multiprocessing
 import os
 
-from kandev_es import metrics
 from kandev_es.config import load_settings
+from kandev_es.server import gunicorn_settings
 
 
 def _int_env(name: str, default: int) -> int:
@@ -53,34 +53,18 @@ os.environ.setdefault("KANDEV_CREATE_TABLES", "n")
 
 bind = os.environ.get("KANDEV_BIND") or "127.0.0.1:8000"
 workers = _int_env("KANDEV_WORKERS", 2 * multiprocessing.cpu_count())
-worker_class = "gthread"
-# Request threads plus one per capped SSE stream (config.Settings.max_streams),
-# so open streams never hold the request threads (README: Security model).
-threads = _int_env("KANDEV_THREADS", 8) + load_settings().max_streams
-
-timeout = _int_env("KANDEV_TIMEOUT", 60)
-graceful_timeout = 10
+# What `kandev-es serve` sets too: worker class, request threads plus one per
+# capped SSE stream (README: Security model), the redacting access log on
+# stdout, timeouts, and the metrics hooks on_starting and child_exit. gunicorn
+# reads this module's names as its settings.
+globals().update(
+    gunicorn_settings(
+        load_settings(), _int_env("KANDEV_THREADS", 8), timeout=_int_env("KANDEV_TIMEOUT", 60)
+    )
+)
 keepalive = 5
-
-# gunicorn >= 23 opens a control socket by default; we do not use it.
-control_socket_disable = True
-
-accesslog = "-"  # access log on stdout
-# Audit links carry a secret in the query string: the access log blanks it.
-logger_class = "kandev_es.access_log.RedactingLogger"
 errorlog = "-"  # gunicorn's own log on stderr
 loglevel = (os.environ.get("KANDEV_LOG_LEVEL") or "info").lower()
-
-
-def on_starting(server: object) -> None:
-    """Once, in the master, before any worker forks: a fresh metrics directory
-    for this run, named to the workers (README: Metrics)."""
-    metrics.start_multiprocess(load_settings())
-
-
-def child_exit(server: object, worker: object) -> None:
-    """A dead worker's live gauges leave /metrics; its counters stay."""
-    metrics.worker_exited(worker.pid)  # type: ignore[attr-defined]
 
 
 def post_fork(server: object, worker: object) -> None:

@@ -6,13 +6,19 @@ import copy
 import logging
 import threading
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar, cast
 
 from eventsourcing.application import AggregateNotFoundError, Application
 from eventsourcing.domain import Aggregate
-from eventsourcing.persistence import IntegrityError, OperationalError, StoredEvent
+from eventsourcing.persistence import (
+    IntegrityError,
+    Notification,
+    OperationalError,
+    Recording,
+    StoredEvent,
+)
 
 from kandev_es.config import Settings
 from kandev_es.errors import Contended, InternalError, StoreUnavailable
@@ -148,6 +154,14 @@ class Tasks(Application):  # type: ignore[type-arg]
             breaker = StoreBreaker()
         self.breaker = breaker
         self._snapshots = ReadCache()
+        # The library's save does, for us, only what ``_write`` does (see
+        # there); anything that would make it do more keeps the library's save.
+        self._direct_save = (
+            self.snapshots is None
+            and (self.repository.cache is None or self.repository.fastforward)
+            and type(self)._notify is Application._notify
+            and type(self).notify is Application.notify
+        )
         # Background threads (an agent's reaper) may outlive the request that
         # started them; they use the store only inside ``unless_closed`` so
         # closing never pulls a connection from under them (SQLite segfaults).
@@ -268,6 +282,46 @@ class Tasks(Application):  # type: ignore[type-arg]
             return None
         return cast(A, self._snapshots.handout(aggregate_id, found))
 
+    def save(self, *objs: Any, **kwargs: Any) -> list[Recording[uuid.UUID]]:
+        """The library's ``save``, through ``_write`` when saving aggregates."""
+        aggregates = [obj for obj in objs if obj is not None]
+        if not self._direct_save or not all(isinstance(a, Aggregate) for a in aggregates):
+            return cast(list[Recording[uuid.UUID]], super().save(*objs, **kwargs))
+        events, stored, ids = self._write(aggregates, kwargs)
+        if not ids:
+            return []
+        return [
+            Recording(
+                event,
+                Notification(
+                    originator_id=s.originator_id,
+                    originator_version=s.originator_version,
+                    topic=s.topic,
+                    state=s.state,
+                    id=n_id,
+                ),
+            )
+            for event, s, n_id in zip(events, stored, ids, strict=True)
+        ]
+
+    def _write(
+        self, aggregates: Sequence[Aggregate], kwargs: Mapping[str, Any]
+    ) -> tuple[list[Any], list[StoredEvent], Sequence[int]]:
+        """Every save's write: the aggregates' pending events, mapped and
+        inserted in one recorder call. It is what the library's
+        ``Application.save`` does when no snapshots are taken, the repository
+        cache is fast-forwarded (so a save puts nothing in it) and the notify
+        hooks are the library's no-ops (``_direct_save``), without its
+        per-aggregate runtime Protocol checks (a fifth of a Created's calls).
+        tests/unit/test_library_internals.py watches the library's save."""
+        events: list[Any] = []
+        for aggregate in aggregates:
+            events.extend(aggregate.collect_events())
+        to_stored = self.mapper.to_stored_event
+        stored = [to_stored(event) for event in events]
+        ids = self.recorder.insert_events(stored, **kwargs)
+        return events, stored, ids or []
+
     def save_atomically(
         self, *aggregates: Aggregate, unchanged: Mapping[uuid.UUID, int] | None = None
     ) -> int:
@@ -275,15 +329,16 @@ class Tasks(Application):  # type: ignore[type-arg]
         notification id. A version clash becomes ``VersionConflict``. With
         ``unchanged`` ({aggregate id: version read}), nothing is saved — also
         ``VersionConflict`` — if any of those streams has moved on since."""
+        kwargs = {"unchanged": dict(unchanged)} if unchanged else {}
         try:
             with self._store_call():
-                if unchanged:
-                    recordings = self.save(*aggregates, unchanged=dict(unchanged))
+                if self._direct_save:
+                    ids = self._write(aggregates, kwargs)[2]
                 else:
-                    recordings = self.save(*aggregates)
+                    ids = [r.notification.id for r in self.save(*aggregates, **kwargs)]
         except (IntegrityError, StreamsAdvanced):
             raise VersionConflict from None
-        return max((r.notification.id for r in recordings), default=0)
+        return max(ids, default=0)
 
     def retry_on_conflict(
         self,

@@ -7,12 +7,15 @@ from typing import Any
 import click
 
 from kandev_es import metrics
-from kandev_es.bootstrap import bootstrap
 from kandev_es.config import Settings
 
 
 def first_start(settings: Settings, host: str, port: int) -> None:
     """Create the `default` workspace once and show an admin token for it."""
+    # Imported here: http/gunicorn.conf.py imports this module into the gunicorn
+    # master, which should load no application code before its workers fork.
+    from kandev_es.bootstrap import bootstrap
+
     services = bootstrap(settings.with_overrides(create_tables=False))
     try:
         workspace, created = services.workspaces.ensure("default")
@@ -43,6 +46,29 @@ def first_start(settings: Settings, host: str, port: int) -> None:
     )
 
 
+def gunicorn_settings(settings: Settings, threads: int, timeout: int = 60) -> dict[str, Any]:
+    """The gunicorn settings `kandev-es serve` and http/gunicorn.conf.py share:
+    `threads` request threads per worker, hooks, logging."""
+    return {
+        "worker_class": "gthread",
+        # Each open stream holds a thread; give the capped streams their
+        # own so `threads` stay free for requests (streams beyond get 503).
+        "threads": threads + settings.max_streams,
+        "accesslog": "-",
+        # Audit links carry a secret in the query string: never logged.
+        # (a dotted name: gunicorn imports it only when it starts).
+        "logger_class": "kandev_es.access_log.RedactingLogger",
+        "timeout": timeout,
+        "graceful_timeout": 10,
+        "control_socket_disable": True,
+        # Workers share their metrics through files (README: Metrics): once, in
+        # the master before any worker forks, a fresh directory named to them;
+        # a dead worker's live gauges leave /metrics, its counters stay.
+        "on_starting": lambda server: metrics.start_multiprocess(settings),
+        "child_exit": lambda server, worker: metrics.worker_exited(worker.pid),
+    }
+
+
 def run_server(
     settings: Settings, host: str, port: int, workers: int | None, threads: int
 ) -> None:
@@ -56,20 +82,7 @@ def run_server(
             options = {
                 "bind": f"{host}:{port}",
                 "workers": worker_count,
-                # Each open stream holds a thread; give the capped streams their
-                # own so `threads` stay free for requests (streams beyond get 503).
-                "threads": threads + settings.max_streams,
-                "worker_class": "gthread",
-                "accesslog": "-",
-                # Audit links carry a secret in the query string: never logged.
-                # (a dotted name: gunicorn imports it only when it starts).
-                "logger_class": "kandev_es.access_log.RedactingLogger",
-                "timeout": 60,
-                "graceful_timeout": 10,
-                "control_socket_disable": True,
-                # Workers share their metrics through files (README: Metrics).
-                "on_starting": lambda server: metrics.start_multiprocess(settings),
-                "child_exit": lambda server, worker: metrics.worker_exited(worker.pid),
+                **gunicorn_settings(settings, threads),
             }
             for key, value in options.items():
                 self.cfg.set(key, value)

@@ -133,3 +133,41 @@ def test_a_live_event_store_pool_can_switch_to_most_recent_first() -> None:
     assert isinstance(pool, base) and type(pool) is not base
     pool._pool.extend(["older", "newer"])
     assert pool._get_ready_connection(1.0) == "newer"
+
+
+def test_the_library_save_does_only_what_tasks_write_does() -> None:
+    """application.py's Tasks._write replaces eventsourcing's Application.save
+    (collect the pending events, map them, one insert_events call, then the
+    snapshot and notify hooks, which Tasks leaves as the library's no-ops).
+    Should the library's save come to do anything more, these names change."""
+    from eventsourcing.application import Application, ProcessingEvent
+    from eventsourcing.persistence import EventStore
+
+    user = "application.py (Tasks._write)"
+    expected = {
+        Application.save: ("ProcessingEvent", "collect_events", "_record", "_take_snapshots",
+                           "_notify", "notify", "events"),
+        Application._record: ("events", "put", "tracking", "saved_kwargs", "repository",
+                              "cache", "fastforward", "aggregates", "items"),
+        Application._take_snapshots: None,  # only that it reads these first:
+        EventStore.put: ("list", "map", "mapper", "to_stored_event", "recorder",
+                         "insert_events", "len", "zip", "append", "Recording", "Notification",
+                         "originator_id", "originator_version", "topic", "state"),
+        ProcessingEvent.collect_events: ("isinstance", "DomainEventProtocol", "events", "append",
+                                         "CollectEventsProtocol", "collect_events",
+                                         "aggregates", "id", "saved_kwargs", "update"),
+    }
+    for function, names in expected.items():
+        actual = function.__code__.co_names
+        if names is None:
+            assert actual[:2] == ("snapshots", "snapshotting_intervals"), _changed(
+                "eventsourcing", f"{function.__qualname__} guarded by snapshots", user)
+        else:
+            assert actual == names, _changed(
+                "eventsourcing", f"{function.__qualname__} as it was", user)
+    def documented_no_op(self: Any, _: Any) -> None:
+        """Does nothing."""
+
+    for hook in (Application._notify, Application.notify):
+        assert hook.__code__.co_code == documented_no_op.__code__.co_code, _changed(
+            "eventsourcing", f"a no-op {hook.__qualname__}", user)

@@ -10,6 +10,7 @@ from typing import TypeGuard
 
 from eventsourcing.domain import Aggregate, event
 
+from kandev_es.domain.agent_session import session_id_for
 from kandev_es.domain.errors import DomainRuleBroken
 
 TOKEN_NAMESPACE = uuid.UUID("a3e1c6d2-7b94-4f08-8d2e-61c9b5f0e4a7")
@@ -38,6 +39,12 @@ def run_token_id_for(run_id: str) -> uuid.UUID:
     revoke it without knowing the secret, and a workspace-token lookup by hash
     never finds it."""
     return uuid.uuid5(TOKEN_NAMESPACE, f"run:{run_id}")
+
+
+def run_credential_id_of_task(task_id: uuid.UUID) -> uuid.UUID:
+    """The id of the credential of a task's agent run (its run id is the task's
+    agent session id): what ends the task ends it too."""
+    return run_token_id_for(str(session_id_for(task_id)))
 
 
 def end_run(token: ApiToken | None, reason: str) -> None:

@@ -10,11 +10,10 @@ from typing import Any
 from marshmallow import RAISE, Schema, ValidationError, fields, validate
 
 from kandev_es.application import Tasks
-from kandev_es.domain.agent_session import session_id_for
 from kandev_es.domain.identity import Identity
 from kandev_es.domain.principal import Principal
 from kandev_es.domain.task import TASK_ABORTED, TASK_PREPARING, Task
-from kandev_es.domain.token import ApiToken, end_run, run_token_id_for
+from kandev_es.domain.token import ApiToken, end_run, run_credential_id_of_task
 from kandev_es.domain.wip import WipLedger, wip_ledger_id
 from kandev_es.domain.workspace import Workspace
 from kandev_es.errors import (
@@ -154,7 +153,7 @@ class TaskService:
         self._app.retry_on_conflict(load, delete, contended=EDITED)
 
     def _run_credential(self, task: Task) -> ApiToken | None:
-        return self._app.load(run_token_id_for(str(session_id_for(task.id))), ApiToken)
+        return self._app.load(run_credential_id_of_task(task.id), ApiToken)
 
     def _wip_ledger(self, task: Task) -> WipLedger | None:
         return self._app.load(wip_ledger_id(task.workspace_id), WipLedger)

@@ -13,15 +13,13 @@ from typing import Any
 from kandev_es.application import Tasks, VersionConflict
 from kandev_es.config import Settings
 from kandev_es.creation.driver import CreationDriver, Fenced
-from kandev_es.domain.agent_session import session_id_for
 from kandev_es.domain.errors import DomainRuleBroken
 from kandev_es.domain.identity import COMPLETED, PREPARING, Identity
 from kandev_es.domain.task import Task
-from kandev_es.domain.token import ApiToken, end_run, run_token_id_for
+from kandev_es.domain.token import ApiToken, end_run, run_credential_id_of_task
 from kandev_es.domain.workspace import Workspace
 from kandev_es.errors import Conflict, WorkspaceNotFound
 from kandev_es.projections.runner import ProjectionRunner
-from kandev_es.services.auth import TokenService
 from kandev_es.storage.database import Database
 
 ATTEMPTS = 16
@@ -48,12 +46,8 @@ class WorkspaceDeletionService:
         # Every task written before the mark is in the read model after this.
         self._projections.catch_up()
         removed = 0
-        tokens = TokenService(self._app)
         for task_id in self._task_ids(workspace_id):
             removed += self._clear(task_id, generation, actor)
-            # Also for a task _clear found deleted already (or aborted, whose
-            # compensation revoked): idempotent, no write when already revoked.
-            tokens.revoke_run(str(session_id_for(task_id)), "workspace_deleted")
         return {
             "workspace_id": str(workspace_id),
             "deletion_generation": generation,
@@ -82,13 +76,21 @@ class WorkspaceDeletionService:
         fenced = False
         for _ in range(ATTEMPTS):
             task = self._app.load(task_id, Task)
-            if task is None or task.deleted or task.phase == "aborted":
-                # A creation this deletion fenced and aborted counts as removed.
-                return 1 if fenced else 0
-            identity = self._app.load(task.identity_id, Identity)
-            assert identity is not None
-            tenure = next(t for t in identity.tenures.values() if t.task_id == task_id)
+            # The run's credential ends with its task: in the task's save below,
+            # or on its own when the task had ended already (deleted, or aborted
+            # with a compensation that revoked it: then no write).
+            credential = self._app.load(run_credential_id_of_task(task_id), ApiToken)
+            end_run(credential, "workspace_deleted")
+            ended = (credential,) if credential is not None and credential.pending_events else ()
             try:
+                if task is None or task.deleted or task.phase == "aborted":
+                    if ended:
+                        self._app.save_atomically(*ended)
+                    # A creation this deletion fenced and aborted counts as removed.
+                    return 1 if fenced else 0
+                identity = self._app.load(task.identity_id, Identity)
+                assert identity is not None
+                tenure = next(t for t in identity.tenures.values() if t.task_id == task_id)
                 if tenure.in_flight:
                     self._fence_and_settle(identity, tenure.number, operation, generation, actor)
                     fenced = True
@@ -98,12 +100,7 @@ class WorkspaceDeletionService:
                         tenure.number, operation, "workspace_deleted", generation, actor=actor
                     )
                 task.delete()
-                # The run's credential ends in the same save as its task.
-                run_token = run_token_id_for(str(session_id_for(task_id)))
-                credential = self._app.load(run_token, ApiToken)
-                end_run(credential, "workspace_deleted")
-                changed = (identity, task) if credential is None else (identity, task, credential)
-                self._app.save_atomically(*changed)
+                self._app.save_atomically(identity, task, *ended)
                 return 1
             except VersionConflict:
                 continue

@@ -1,0 +1,97 @@
+"""Tasks saves through its own write (application.py ``Tasks._write``), not
+through eventsourcing's ``Application.save``: the same aggregates saved both
+ways record the same rows (ids, streams, versions, topics, state bytes) and
+answer the same recordings, plain and guarded, on both backends."""
+
+from __future__ import annotations
+
+import copy
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from eventsourcing.application import Application
+
+from kandev_es.application import VersionConflict
+from kandev_es.bootstrap import Services, bootstrap
+from kandev_es.domain.identity import Identity
+from kandev_es.domain.workspace import Workspace
+from kandev_es.storage.streams import StreamsAdvanced
+from tests.conftest import _drop_schema, postgres_admin_url
+
+
+@pytest.fixture
+def twin(settings: Any, tmp_path: Any) -> Iterator[Services]:
+    """A second, empty store on the same backend."""
+    if not settings.database_url:
+        other = bootstrap(settings.with_overrides(data_dir=tmp_path / "twin"))
+        yield other
+        other.close()
+        return
+    schema = f"t_{uuid.uuid4().hex[:16]}"
+    separator = "&" if "?" in postgres_admin_url() else "?"
+    url = f"{postgres_admin_url()}{separator}schema={schema}"
+    other = bootstrap(settings.with_overrides(data_dir=tmp_path / "twin", database_url=url))
+    yield other
+    other.close()
+    _drop_schema(schema)
+
+
+def _aggregates() -> tuple[Workspace, Identity]:
+    workspace = Workspace.open("twins", "TWN")
+    workspace.register_repository("main", "/srv/main")
+    workspace.set_wip_limit(4)
+    identity = Identity.register(uuid.uuid4(), workspace.id, "EXT-1")
+    return workspace, identity
+
+
+def _rows(services: Services) -> list[tuple[Any, ...]]:
+    notifications = services.app.recorder.select_notifications(start=1, limit=1000)
+    return [
+        (n.id, uuid.UUID(str(n.originator_id)), n.originator_version, n.topic, bytes(n.state))
+        for n in notifications
+    ]
+
+
+def test_the_library_save_and_tasks_save_record_the_same_rows(
+    services: Services, twin: Services
+) -> None:
+    assert services.app._direct_save and twin.app._direct_save  # the write under test
+    before, after = len(_rows(services)), len(_rows(twin))
+    library = _aggregates()
+    own = copy.deepcopy(library)
+
+    by_library = Application.save(services.app, *library)
+    by_tasks = twin.app.save(*own)
+
+    assert [(r.domain_event, r.notification) for r in by_tasks] == [
+        (r.domain_event, r.notification) for r in by_library
+    ]
+    assert len(by_tasks) == 4 and not library[0].pending_events and not own[0].pending_events
+    assert _rows(twin)[after:] == _rows(services)[before:]
+    # save_atomically answers the last notification id, as before.
+    library[0].set_wip_limit(5)
+    own = (copy.deepcopy(library[0]), own[1])
+    last = Application.save(services.app, library[0])[-1].notification.id
+    assert twin.app.save_atomically(own[0]) == last
+    assert _rows(twin)[after:] == _rows(services)[before:]
+
+
+def test_a_guarded_save_refuses_the_same_way_through_both(
+    services: Services, twin: Services
+) -> None:
+    before, after = len(_rows(services)), len(_rows(twin))
+    library = _aggregates()
+    own = copy.deepcopy(library)
+    Application.save(services.app, *library)
+    twin.app.save(*own)
+    read = {library[0].id: library[0].version - 1}  # the workspace has moved on since
+    library[1].trigger_event(Identity.Event)
+    own = (own[0], copy.deepcopy(library[1]))
+    with pytest.raises(StreamsAdvanced):
+        Application.save(services.app, library[1], unchanged=read)
+    with pytest.raises(VersionConflict):
+        twin.app.save_atomically(own[1], unchanged=read)
+    assert _rows(twin)[after:] == _rows(services)[before:]
+    assert len(_rows(twin)) == after + 4  # the refused save wrote nothing
