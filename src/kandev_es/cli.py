@@ -17,7 +17,8 @@ from kandev_es.cli_agentctl import register as register_agentctl
 from kandev_es.cli_ops import register as register_ops
 from kandev_es.cli_usage import AT_LEAST_ONE, PORT, SECONDS, OneLineUsage, resolvable_host
 from kandev_es.config import Settings, load_settings
-from kandev_es.errors import InvalidSetting, KandevError, TaskNotFound
+from kandev_es.errors import InvalidSetting, KandevError
+from kandev_es.services.release import NO_HOLDER
 
 
 def _settings(**overrides: Any) -> Settings:
@@ -202,7 +203,7 @@ def release(workspace_id: str, external_id: str, operation_id: str) -> None:
         # The local CLI reaches the store directly: no token, so the actor is "cli".
         result = services.release.release(target, external_id, operation_id, actor="cli")
         # "status" is what REST answers for the same release.
-        status = 200 if result.released else http_status(TaskNotFound("task not found"))
+        status = 200 if result.released else http_status(NO_HOLDER)
         _emit({"status": status, "replayed": result.replayed, **result.body})
         if not result.released:
             sys.exit(1)

@@ -38,14 +38,22 @@ def check_json_depth(raw: bytes, limit: int = MAX_JSON_DEPTH) -> None:
             depth -= 1
 
 
+def stored_integer(text: str) -> int | None:
+    """``text`` as a value the store can hold (ASCII digits, 0..2^63-1: a feed
+    cursor, a revision), or None."""
+    if not _CURSOR.fullmatch(text) or int(text) > MAX_CURSOR:
+        return None
+    return int(text)
+
+
 def parse_cursor(raw: str | None, what: str = "after") -> int:
-    """A feed or list cursor: ASCII digits, 0..2^63-1; absent or blank is 0."""
+    """A feed or list cursor (``stored_integer``); absent or blank is 0."""
     if raw is None or raw.strip() == "":
         return 0
-    text = raw.strip()
-    if not _CURSOR.fullmatch(text) or int(text) > MAX_CURSOR:
+    value = stored_integer(raw.strip())
+    if value is None:
         raise InvalidCursor(f"{what} must be an integer between 0 and {MAX_CURSOR}", field=what)
-    return int(text)
+    return value
 
 
 def parse_bounded(raw: str | None, what: str, default: float, low: float, high: float) -> float:

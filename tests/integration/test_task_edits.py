@@ -88,6 +88,26 @@ def test_patch_validation_and_if_match(client, services, member):
     assert fresh.status_code == 200
 
 
+
+def test_an_if_match_beyond_a_stored_revision_is_a_typed_400(client, services, member):
+    """If-Match takes a revision in the stored integer range (0..2^63-1, like a
+    feed cursor): 2^63, a sign or a non-digit is 400 bad_request and changes
+    nothing; the largest stored value is well formed, only stale (412)."""
+    _, secret = member
+    task = create(client, secret, title="t").json
+    url = f"/api/v1/tasks/{task['id']}"
+    before = services.app.max_notification_id()
+    for value in [str(2**63), f'"{2**63}"', "1" * 20, "-1", "+1", "1.0", "\u0661"]:
+        answer = client.patch(
+            url, json={"title": "x"}, headers={**bearer(secret), "If-Match": value}
+        )
+        assert (answer.status_code, answer.json["error"]) == (400, "bad_request"), value
+    largest = client.patch(
+        url, json={"title": "x"}, headers={**bearer(secret), "If-Match": str(2**63 - 1)}
+    )
+    assert largest.status_code == 412
+    assert services.app.max_notification_id() == before
+
 def test_archive_keeps_the_identity(client, member):
     _, secret = member
     task = create(client, secret, external_id="A-1", title="t").json

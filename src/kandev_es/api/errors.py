@@ -39,10 +39,10 @@ HTTP_STATUS: dict[type[KandevError], int] = {
 }
 
 
-def http_status(error: KandevError) -> int:
-    """The HTTP status of a typed error; 500 for one of no listed family
-    (InvalidSetting, which only the CLI reports)."""
-    for family in type(error).__mro__:
+def http_status(error: KandevError | type[KandevError]) -> int:
+    """The HTTP status of a typed error (or of its class); 500 for one of no
+    listed family (InvalidSetting, which only the CLI reports)."""
+    for family in (error if isinstance(error, type) else type(error)).__mro__:
         if family in HTTP_STATUS:
             return HTTP_STATUS[family]
     return 500

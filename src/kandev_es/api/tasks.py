@@ -22,7 +22,9 @@ from kandev_es.api.errors import http_status
 from kandev_es.creation.request import CreateTaskRequestSchema
 from kandev_es.domain.external_id import normalize_external_id, require_external_id
 from kandev_es.domain.principal import require_operator
-from kandev_es.errors import TaskNotFound
+from kandev_es.errors import BadRequest, TaskNotFound
+from kandev_es.limits import stored_integer
+from kandev_es.services.release import NO_HOLDER
 from kandev_es.views import task_dto
 
 blp = Blueprint("tasks", __name__, url_prefix="/api/v1", description="Tasks")
@@ -112,8 +114,8 @@ class TaskLookup(MethodView):
             actor=who.actor,
         )
         headers = {"Idempotent-Replayed": "true" if result.replayed else "false"}
-        if not result.released:  # no holder: the stored task-not-found body
-            return jsonify(result.body), http_status(TaskNotFound("task not found")), headers
+        if not result.released:  # no holder: the stored answer
+            return jsonify(result.body), http_status(NO_HOLDER), headers
         return result.body, 200, headers
 
 
@@ -182,9 +184,7 @@ def _if_match_revision() -> int | None:
     header = request.headers.get("If-Match")
     if not header:
         return None
-    text = header.strip().strip('"')
-    if not text.isascii() or not text.isdigit() or len(text) > 19:
-        from kandev_es.errors import BadRequest
-
+    revision = stored_integer(header.strip().strip('"'))
+    if revision is None:
         raise BadRequest("If-Match must be a task revision")
-    return int(text)
+    return revision

@@ -9,7 +9,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from kandev_es.domain.token import ApiToken
-from kandev_es.errors import IdentityNotFound, OperatorRequired, WorkspaceNotFound
+from kandev_es.errors import IdentityNotFound, NotFound, OperatorRequired, WorkspaceNotFound
 
 MEMBER, OPERATOR = "member", "operator"
 ROLES = (MEMBER, OPERATOR)
@@ -71,28 +71,26 @@ class Unconfirmed:
         return principal_of(token, self.token_hash)
 
 
-def require_member(principal: Principal | None, workspace_id: uuid.UUID) -> Principal:
-    """The principal if it may act on the workspace; else the route's usual 404."""
+def require_operator(
+    principal: Principal | None,
+    workspace_id: uuid.UUID,
+    unseen: NotFound | None = None,
+    needing: str = "this",
+) -> Principal:
+    """An admin or an operator of the workspace. A member that is not its
+    operator gets 403 operator_required (``needing`` says what needs one);
+    anyone else learns nothing: ``unseen``, by default the workspace's 404."""
     if principal is None or not principal.may_act_on(workspace_id):
-        raise WorkspaceNotFound("workspace not found")
+        raise unseen or WorkspaceNotFound("workspace not found")
+    if not principal.is_operator_of(workspace_id):
+        raise OperatorRequired(f"{needing} needs an operator token of the workspace")
     return principal
-
-
-def require_operator(principal: Principal | None, workspace_id: uuid.UUID) -> Principal:
-    """A member of the workspace that is not its operator gets 403
-    operator_required; anyone else learns nothing (404)."""
-    found = require_member(principal, workspace_id)
-    if not found.is_operator_of(workspace_id):
-        raise OperatorRequired("this needs an operator token of the workspace")
-    return found
 
 
 def require_auditor(principal: Principal | None, workspace_id: uuid.UUID) -> Principal:
-    """Who may read an identity's history, as JSON or as the auditor's page: an
-    admin or an operator of the workspace. A member gets 403 operator_required;
-    anyone else 404 ``identity not found``, whether or not the identity exists."""
-    if principal is None or not principal.may_act_on(workspace_id):
-        raise IdentityNotFound("identity not found")
-    if not principal.is_operator_of(workspace_id):
-        raise OperatorRequired("an identity's history needs an operator token of the workspace")
-    return principal
+    """Who may read an identity's history, as JSON or as the auditor's page: the
+    operator rule, with 404 ``identity not found`` for anyone else, whether or
+    not the identity exists."""
+    return require_operator(
+        principal, workspace_id, IdentityNotFound("identity not found"), "an identity's history"
+    )

@@ -17,9 +17,7 @@ from typing import Any
 
 from kandev_es.application import Tasks
 from kandev_es.domain.task import TASK_ABORTED, Task
-from kandev_es.services.history import identity_history
-
-UNKNOWN_ACTOR = "unknown"
+from kandev_es.services.history import UNKNOWN_ACTOR, identity_history
 
 
 @dataclass
@@ -99,8 +97,6 @@ def _entry(event: dict[str, Any]) -> Entry:
     kind = event["event"]
     entry = Entry(event["version"], event["timestamp"], kind)
     skip = {"version", "timestamp", "event", "tenure", "evidence", "plan"}
-    if kind == "Released" and not event.get("actor"):
-        event = {**event, "actor": UNKNOWN_ACTOR}
     for key, value in event.items():
         if key not in skip and value is not None:
             entry.fields.append((key, _text(value)))
@@ -111,6 +107,9 @@ def _entry(event: dict[str, Any]) -> Entry:
 
 def _apply(tenure: TenureView, event: dict[str, Any]) -> None:
     kind = event["event"]
+    if kind == "Released" and not event.get("actor"):
+        # The row and the summary both name it.
+        event = {**event, "actor": UNKNOWN_ACTOR}
     if kind == "Claimed":
         tenure.claimed_at = event["timestamp"]
         tenure.actor = event["actor"]
@@ -132,7 +131,7 @@ def _apply(tenure: TenureView, event: dict[str, Any]) -> None:
             "at": event["timestamp"],
             "operation_id": event["operation_id"],
             "reason": event["reason"],
-            "actor": event.get("actor") or UNKNOWN_ACTOR,
+            "actor": event["actor"],
         }
     tenure.entries.append(_entry(event))
 

@@ -20,6 +20,8 @@ from kandev_es.errors import IdentityNotFound, StoreUnavailable
 # Not shown: the library's bookkeeping, and the creation handle's hash (a
 # credential derivative, useless to an auditor).
 _HIDDEN = {"originator_id", "originator_version", "timestamp", "originator_topic", "handle_hash"}
+# Who released, for Released events stored before releases named their actor.
+UNKNOWN_ACTOR = "unknown"
 
 
 def _plain(value: Any) -> Any:
@@ -97,8 +99,7 @@ def _describe(entry: dict[str, Any]) -> str:
     if kind == "Released":
         generation = entry.get("deletion_generation")
         extra = f", deletion generation {generation}" if generation is not None else ""
-        # Released events stored before the actor existed carry none.
-        actor = entry.get("actor") or "unknown"
+        actor = entry.get("actor") or UNKNOWN_ACTOR
         return (
             f"RELEASED, operation {entry['operation_id']}, reason {entry['reason']}{extra},"
             f" by {actor}"

@@ -26,12 +26,14 @@ from kandev_es.views import task_dto
 
 OPERATION_ID = re.compile(r"^[\x21-\x7e]{1,200}$")
 ATTEMPTS = 16
+# What a release of an identity with no holder answers (and stores).
+NO_HOLDER = TaskNotFound
 
 
 @dataclass(frozen=True)
 class ReleaseResult:
     """``released`` False: the identity had no holder, and ``body`` is the
-    not-found answer stored for the operation (the adapters give its status)."""
+    ``NO_HOLDER`` answer stored for the operation (the adapters give its status)."""
 
     released: bool
     body: dict[str, Any]
@@ -92,7 +94,7 @@ class ReleaseService:
         holder = identity.holder if identity else None
         if identity is None or holder is None:
             # Stored too: a replay must answer the same even once someone holds it.
-            body: dict[str, Any] = TaskNotFound("task not found").to_dict()
+            body: dict[str, Any] = NO_HOLDER("task not found").to_dict()
             self._app.save_atomically(
                 ReleaseOperation.record(workspace_id, operation_id, external_id, False, body)
             )
