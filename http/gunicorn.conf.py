@@ -20,9 +20,10 @@ Environment read here:
 On the embedded SQLite default there is a single writer: prefer
 `kandev-es serve`, or set KANDEV_WORKERS=1.
 
-Each worker runs its own projection thread (create_app starts one); on
-PostgreSQL the projections write their positions transactionally, so several
-runners are safe, or run `kandev-es projections run` beside the workers.
+Each worker starts a projection thread (create_app starts one), but only one
+process per database runs its passes, the holder of a lock; the others take
+over when it dies (projections/leadership.py). `kandev-es projections run`
+beside the workers can be that process.
 
 Workers share their /metrics values through files in `<KANDEV_DATA_DIR>/metrics`
 (prometheus_client's multiprocess mode): `on_starting` wipes and names it before

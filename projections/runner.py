@@ -1,6 +1,8 @@
 """Our own projection loop: read a batch of notifications after the
 tracked position, apply them and store the new position in one transaction;
 then sleep until a NOTIFY (PostgreSQL) or a short timeout, and start again.
+Only one process per database runs that loop (projections/leadership.py);
+explicit calls (``catch_up``, ``run_once``) work in any process.
 Any database error is logged once per outage and retried with backoff, so the
 loop outlives a lost connection or a database restart."""
 
@@ -13,8 +15,10 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 from kandev_es.projections.base import BatchProjection, Projection
+from kandev_es.projections.leadership import RETRY_SECONDS, make_leadership
 from kandev_es.projections.wakeup import Waker, make_waker
 
+from kandev_es import metrics
 from kandev_es.application import Tasks
 from kandev_es.errors import StoreUnavailable
 from kandev_es.storage.database import Database, Transaction
@@ -45,6 +49,7 @@ class ProjectionRunner:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self.waker: Waker | None = None
+        self.leading = False  # this process's background loop holds the lead
         self.failures: dict[str, Exception] = {}
         self.head = 0
         self.reached: dict[str, int] = {}  # tracking name -> position after its last pass
@@ -103,9 +108,7 @@ class ProjectionRunner:
         for name in set(failures) - set(self.failures):
             log.warning("projection %s failed (%s); retrying", name, failures[name])
         self.failures = failures
-        if not failures and all(
-            self.reached.get(p.name, -1) >= head for p in self.projections
-        ):
+        if not failures and not self._below(head):
             self._idle_head, self._idle_until = head, time.monotonic() + IDLE_RECHECK_SECONDS
         if failures and raise_errors:
             raise next(iter(failures.values()))
@@ -126,7 +129,13 @@ class ProjectionRunner:
     def behind(self) -> bool:
         """Whether some projection stopped below the head seen by the last
         pass: events there are waiting for an older transaction to end."""
-        return any(self.reached.get(p.name, self.head) < self.head for p in self.projections)
+        return self._below(self.head)
+
+    def _below(self, target: int) -> bool:
+        """Whether some projection's last pass left it below ``target``. One
+        without a pass yet (its first one failed) does not count: a failure has
+        its own retry. After a pass without failures every projection has one."""
+        return any(self.reached.get(p.name, target) < target for p in self.projections)
 
     def catch_up(self, timeout: float = CATCH_UP_SECONDS) -> int:
         """Apply everything committed before the call; return how many events
@@ -136,7 +145,7 @@ class ProjectionRunner:
         target = self.app.max_notification_id()
         read = total = self.run_once()
         pause = 0.005
-        while read or any(self.reached.get(p.name, 0) < target for p in self.projections):
+        while read or self._below(target):
             if not read:
                 if time.monotonic() > deadline or self._stop.wait(pause):
                     raise StoreUnavailable("projections did not settle: a transaction is open")
@@ -220,11 +229,23 @@ class ProjectionRunner:
                 projection.apply(tx, event, position, backend)
 
     def run_forever(self, poll_seconds: float) -> None:
-        self.waker = make_waker(self.app, self.database)
+        """The background loop. It does passes only while this process leads
+        the database's projections (projections/leadership.py); otherwise it
+        asks for the lead again every ``RETRY_SECONDS``, and does nothing else."""
+        leadership = make_leadership(self.database)
+        waker: Waker | None = None
         streak = 0
         pause = UNSETTLED_POLL_SECONDS
         try:
             while not self._stop.is_set():
+                if not leadership.hold():
+                    if waker is not None:
+                        self._step_down(waker)
+                        waker = None
+                    self._stop.wait(RETRY_SECONDS)
+                    continue
+                if waker is None:
+                    waker = self._take_lead()
                 read = self.run_once(raise_errors=False)
                 if self.failures and len(self.failures) >= len(self.projections):
                     streak += 1  # nothing works (the database is gone?): back off
@@ -242,9 +263,24 @@ class ProjectionRunner:
                     self._stop.wait(pause)
                     pause *= 2
                 else:
-                    self.waker.wait(poll_seconds, self._stop)
+                    waker.wait(poll_seconds, self._stop)
         finally:
-            self.waker.close()
+            if waker is not None:
+                self._step_down(waker)
+            leadership.release()
+
+    def _take_lead(self) -> Waker:
+        self.waker = make_waker(self.app, self.database)  # only the leader listens
+        self.leading = True
+        metrics.projection_leadership(True)
+        log.info("projections: this process leads the projection loop")
+        return self.waker
+
+    def _step_down(self, waker: Waker) -> None:
+        waker.close()
+        self.leading = False
+        metrics.projection_leadership(False)
+        log.info("projections: this process no longer leads the projection loop")
 
     def start_thread(self, poll_seconds: float) -> threading.Thread:
         self._stop.clear()

@@ -1,7 +1,7 @@
 """What an operator scrapes at ``/metrics`` (README: Metrics), kept with
 prometheus_client: one set of instruments per process, recorded from one place
 each (the request hooks, the create protocol, the step driver, the stream slots,
-the store breaker, the Runtime).
+the store breaker, the Runtime, the projection loop).
 
 Under gunicorn every worker writes its values to files in a directory shared for
 one run (the library's multiprocess mode: ``config.metrics_dir``, wiped and
@@ -55,6 +55,7 @@ class Instruments:
     breaker_open: Gauge
     breaker_openings: Counter
     recoveries: Counter
+    projection_leader: Gauge
 
 
 _lock = threading.Lock()
@@ -139,10 +140,17 @@ def _make() -> Instruments:
             "Creations the recovery Runtime took over, by how they ended.",
             ["result"], registry=registry,
         ),
+        projection_leader=Gauge(
+            "kandev_projection_leader",
+            "Projection loops this server runs: 1 in the one process per database"
+            " that leads, else 0 (summed over live workers).",
+            registry=registry, multiprocess_mode="livesum",
+        ),
     )
     for outcome in CREATION_OUTCOMES:
         made.creations.labels(outcome)  # present at 0 before the first create
     made.breaker_open.set(0)
+    made.projection_leader.set(0)
     return made
 
 
@@ -205,6 +213,15 @@ def breaker_closed() -> None:
 
 def record_recovery(result: str) -> None:
     instruments().recoveries.labels(result).inc()
+
+
+def projection_leadership(gained: bool) -> None:
+    """The projection loop of this process took (True) or lost the lead."""
+    gauge = instruments().projection_leader
+    if gained:
+        gauge.inc()
+    else:
+        gauge.dec()
 
 
 # ----- the gunicorn master ------------------------------------------------

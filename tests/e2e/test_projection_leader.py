@@ -1,0 +1,180 @@
+"""One projection loop per database across real processes (issue 15; README:
+"One projection loop per database"): a `kandev-es serve --workers 2` has
+exactly one leading worker, seen three ways — each worker's own
+`kandev_projection_leader` value in the run's metrics directory, the scrape's
+sum, and the lock itself (PostgreSQL: the advisory lock in pg_locks, held by
+the session named after the worker; SQLite: the flock in /proc/locks). A
+SIGKILLed leader is replaced and new creates still reach the feed; a
+`kandev-es projections run` process beside a server is the one leader, and the
+server takes over when it dies. Both backends."""
+
+from __future__ import annotations
+
+import os
+import time
+import urllib.request
+from pathlib import Path
+
+import psycopg
+from kandev_es.projections.leadership import lock_key, lock_path
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.parser import text_string_to_metric_families
+
+from kandev_es.config import Settings, metrics_dir
+from kandev_es.storage.database import parse_postgres_url
+from tests.conftest import postgres_admin_url
+from tests.support.load import sigkill, wait_for_workers
+from tests.support.served import Launched, ServedProcess, http, run_cli
+
+WAIT_S = 30.0
+GAUGE = "kandev_projection_leader"
+
+
+def _wait_for(what: str, probe, seconds: float = WAIT_S):
+    """Until ``probe()`` returns something true; that value."""
+    deadline = time.monotonic() + seconds
+    while True:
+        value = probe()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"{what}: last saw {value!r}"
+        time.sleep(0.1)
+
+
+def lock_holders(settings: Settings) -> list[int]:
+    """The pids of the processes holding the projection leader lock."""
+    if settings.database_url:
+        schema = parse_postgres_url(settings.database_url).get("POSTGRES_SCHEMA")
+        with psycopg.connect(postgres_admin_url(), autocommit=True) as admin:
+            rows = admin.execute(
+                "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a"
+                " ON a.pid = l.pid WHERE l.locktype = 'advisory' AND l.granted"
+                " AND l.database = (SELECT oid FROM pg_database"
+                "  WHERE datname = current_database())"
+                " AND l.classid = %s AND l.objid = %s AND l.objsubid = 2",
+                lock_key(schema),
+            ).fetchall()
+        return sorted(int(name.rsplit("-", 1)[1]) for (name,) in rows)
+    path = lock_path(settings.sqlite_path)
+    if not path.exists():
+        return []
+    inode = f":{os.stat(path).st_ino} "
+    holders = []
+    for line in Path("/proc/locks").read_text().splitlines():
+        fields = line.split()  # 1: FLOCK ADVISORY WRITE <pid> <maj:min:inode> 0 EOF
+        if "FLOCK" in fields and "->" not in fields and inode in f"{fields[5]} ":
+            holders.append(int(fields[4]))
+    return sorted(holders)
+
+
+def worker_leading(settings: Settings, pid: int) -> float | None:
+    """One worker's own gauge (None before the worker made its instruments)."""
+    files = [str(p) for p in metrics_dir(settings).glob(f"gauge_livesum_{pid}.db")]
+    for metric in MultiProcessCollector.merge(files, accumulate=False):
+        for sample in metric.samples:
+            if sample.name == GAUGE:
+                return sample.value
+    return None
+
+
+def scraped_leaders(server: ServedProcess) -> float:
+    with urllib.request.urlopen(server.base + "/metrics", timeout=20) as response:
+        text = response.read().decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == GAUGE:
+                return sample.value
+    raise AssertionError(f"{GAUGE} not scraped")
+
+
+def create(server: ServedProcess, external_id: str) -> str:
+    """A new task's id, retried while a worker restarts (a killed worker's
+    connections fail)."""
+
+    def attempt() -> str | None:
+        try:
+            reply = http(
+                "POST", server.base + "/api/v1/tasks", server.token,
+                {"workspace_id": server.workspace_id, "external_id": external_id,
+                 "title": external_id},
+            )
+        except OSError:
+            return None
+        return str(reply.body["id"]) if reply.status == 200 else None
+
+    return str(_wait_for(f"create {external_id}", attempt))
+
+
+def projected(server: ServedProcess, task_id: str) -> None:
+    """Until the task's task.created is in the workspace feed (a projection pass ran)."""
+
+    def seen() -> bool:
+        reply = http(
+            "GET", f"{server.base}/api/v1/workspaces/{server.workspace_id}/events?limit=1000",
+            server.token,
+        )
+        return reply.status == 200 and any(
+            item["subject"] == task_id and item["type"] == "task.created"
+            for item in reply.body["items"]
+        )
+
+    _wait_for(f"task {task_id} in the feed", seen)
+
+
+def leading_workers(settings: Settings, workers: list[int]) -> list[int] | None:
+    """The workers whose own gauge says they lead, once every worker has one."""
+    values = {pid: worker_leading(settings, pid) for pid in workers}
+    if None in values.values():
+        return None
+    return [pid for pid, value in values.items() if value]
+
+
+def test_two_workers_have_one_leader_and_a_killed_leader_is_replaced(
+    settings: Settings, tmp_path: Path
+):
+    with ServedProcess(settings, tmp_path, workers=2) as server:
+        workers = wait_for_workers(server.process.pid, 2)
+        # Every worker made its instruments, then started its loop; once a create
+        # has been projected, every loop has asked for the lead at least once.
+        _wait_for("both workers' gauges", lambda: leading_workers(settings, workers) is not None)
+        projected(server, create(server, "LEAD-1"))
+        leaders = _wait_for("a leading worker", lambda: leading_workers(settings, workers))
+        assert len(leaders) == 1, leaders
+        (leader,) = leaders
+        assert lock_holders(settings) == [leader]
+        assert scraped_leaders(server) == 1
+
+        assert sigkill(leader)
+        task = create(server, "LEAD-2")
+        projected(server, task)  # a surviving or a respawned worker took over
+        survivors = wait_for_workers(server.process.pid, 2, exclude=[leader])
+        holders = _wait_for("a new lock holder", lambda: lock_holders(settings))
+        assert len(holders) == 1 and holders[0] in survivors, (holders, survivors)
+        assert _wait_for(
+            "one leader again", lambda: leading_workers(settings, survivors) == holders
+        )
+        assert scraped_leaders(server) == 1
+
+
+def test_a_projections_run_process_beside_a_server_is_the_one_leader(
+    settings: Settings, tmp_path: Path
+):
+    done = run_cli(settings, "db", "init")
+    assert done.returncode == 0, done.stderr
+    with Launched(["projections", "run"], settings, tmp_path / "projections-run.log") as run:
+        loop = run.process
+        _wait_for("the projections process leads", lambda: lock_holders(settings) == [loop.pid])
+        with ServedProcess(settings, tmp_path, workers=2) as server:
+            workers = wait_for_workers(server.process.pid, 2)
+            _wait_for("both gauges", lambda: leading_workers(settings, workers) is not None)
+            projected(server, create(server, "BESIDE-1"))  # by the projections process
+            assert leading_workers(settings, workers) == []
+            assert scraped_leaders(server) == 0
+            assert lock_holders(settings) == [loop.pid]
+
+            assert sigkill(loop.pid)
+            loop.wait(10)
+            projected(server, create(server, "BESIDE-2"))
+            holders = _wait_for("a worker holds the lock", lambda: lock_holders(settings))
+            assert len(holders) == 1 and holders[0] in workers, (holders, workers)
+            assert _wait_for("one leader in the server", lambda: scraped_leaders(server) == 1)
