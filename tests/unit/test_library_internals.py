@@ -171,3 +171,21 @@ def test_the_library_save_does_only_what_tasks_write_does() -> None:
     for hook in (Application._notify, Application.notify):
         assert hook.__code__.co_code == documented_no_op.__code__.co_code, _changed(
             "eventsourcing", f"a no-op {hook.__qualname__}", user)
+
+
+def test_recorders_map_psycopg_errors_as_the_librarys_get_connection_does() -> None:
+    """storage/recorders.py gets its pooled connections without the library's
+    datastore.get_connection and maps psycopg's errors itself (an
+    IntegrityError must stay the library's, for VersionConflict)."""
+    import re
+
+    import psycopg
+    from eventsourcing import persistence
+
+    from kandev_es.storage.recorders import LIBRARY_ERRORS
+
+    source = inspect.getsource(inspect.unwrap(postgres.PostgresDatastore.get_connection))
+    pairs = re.findall(r"except psycopg\.(\w+) as e:\s+(?:#[^\n]*\s+)*raise (\w+)\(", source)
+    library = tuple((getattr(psycopg, a), getattr(persistence, b)) for a, b in pairs)
+    assert library == LIBRARY_ERRORS, _changed(
+        "eventsourcing", "PostgresDatastore.get_connection's error mapping", "storage/recorders.py")
