@@ -117,10 +117,7 @@ class TaskLookup(MethodView):
     @_document_errors(400, 404, 422, 503)
     def delete(self, workspace_id: str) -> Any:
         workspace = path_uuid(workspace_id, "workspace id")
-        who = principal()
-        if who is None or not who.may_act_on(workspace):
-            raise TaskNotFound("task not found")
-        require_operator(who, workspace)
+        who = require_operator(principal(), workspace, TaskNotFound("task not found"))
         result = services().release.release(
             workspace,
             request.args.get("external_id"),
