@@ -124,10 +124,11 @@ def rebuild(
         for table in live.tables:
             _create_next(tx, backend, table)
     applied = 0
-    head = runner.app.max_notification_id()
+    # Each checkpoint comes before its transaction (see storage/settled.py); the
+    # first one's head is how far the replay goes before the swap.
+    head = runner.checkpoint()
     settle_by = time.monotonic() + SETTLE_SECONDS
     while True:
-        runner.checkpoint()  # before the transaction: see storage/settled.py
         with runner.database.transaction() as tx:
             read = runner.apply_pending(tx, fresh, tracking, batch_size)
             position = _position(tx, tracking)
@@ -138,6 +139,7 @@ def rebuild(
             break  # (an older transaction still open: the live runner goes on from here)
         if not read:
             time.sleep(0.01)  # events below the head wait for an older transaction
+        runner.checkpoint()
     lock = " FOR UPDATE" if backend == "postgres" else ""
     runner.checkpoint()
     with runner.database.transaction() as tx:

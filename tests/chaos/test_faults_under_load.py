@@ -1,8 +1,8 @@
-"""Faults under a create load (issue 7, item 3), with real parts only: a
-PostgreSQL cluster of the test's own, a real ``kandev-es serve`` (gunicorn,
-several workers, the recovery Runtime in process, a 2 s lease) and client
-threads speaking HTTP with the stdlib, creating tasks with fresh external IDs
-and retrying IDs they already sent.
+"""Faults under a create load, with real parts only: a PostgreSQL cluster of the
+test's own, a real ``kandev-es serve`` (gunicorn, several workers, the recovery
+Runtime in process, a 2 s lease) and client threads speaking HTTP with the
+stdlib, creating tasks with fresh external IDs and retrying IDs they already
+sent.
 
 * PostgreSQL is stopped (fast shutdown) in the middle of the load, kept down
   for a few seconds and started again on the same port.

@@ -1,7 +1,7 @@
-"""What an agent sees (issue 14.1): a real `kandev-es serve` started with a
-made-up secret, the database URL and an operator allowlist launches a real
-agent that writes its whole environment to a file; only the allowlisted names
-and the run's own variables are there. Runs on SQLite and PostgreSQL."""
+"""What an agent sees: a real `kandev-es serve` started with a made-up secret,
+the database URL and an operator allowlist launches a real agent that writes its
+whole environment to a file; only the allowlisted names and the run's own
+variables are there. Runs on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 

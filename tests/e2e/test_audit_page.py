@@ -1,10 +1,10 @@
-"""The auditor's page (issue 16.5) in a real headless Chromium against a real
-`kandev-es serve`, both backends: what a person sees on the link that
-`kandev-es identity history` prints — each tenure, its claim, the release with
-its operation id and actor, the task each tenure produced (an in-page link to
-its identifier, title, state and workflow step), the hostile external id and title
-shown as text — and that an expired link, or a link used for another identity,
-is refused. The link's secret never reaches the server's log."""
+"""The auditor's page in a real headless Chromium against a real `kandev-es
+serve`, both backends: what a person sees on the link that `kandev-es identity
+history` prints — each tenure, its claim, the release with its operation id and
+actor, the task each tenure produced (an in-page link to its identifier, title,
+state and workflow step), the hostile external id and title shown as text — and
+that an expired link, or a link used for another identity, is refused. The
+link's secret never reaches the server's log."""
 
 from __future__ import annotations
 

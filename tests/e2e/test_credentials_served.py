@@ -1,8 +1,8 @@
-"""Credentials on a real `kandev-es serve` (issue 14.2, 14.3), both backends:
-a run credential read out of a real agent's environment works only with its
-run id on the run's own task and ends when the agent exits; a member token is
-refused operator routes with 403 operator_required, an operator token is not,
-and a token revoked by the admin is refused on its next request."""
+"""Credentials on a real `kandev-es serve`, both backends: a run credential read
+out of a real agent's environment works only with its run id on the run's own
+task and ends when the agent exits; a member token is refused operator routes
+with 403 operator_required, an operator token is not, and a token revoked by the
+admin is refused on its next request."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The embedded default holds a storm (issue 15 point 4): on `kandev-es serve`
+"""The embedded default holds a storm (AC-1 under load): on `kandev-es serve`
 with SQLite, 64 clients creating one external id at once and 64 creating
 distinct ids at once get no 503 and no timeout (30 s client timeout), and
 exactly one task per id. Latency is printed by scripts/storm, not asserted."""

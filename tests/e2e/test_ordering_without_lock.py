@@ -1,6 +1,6 @@
-"""Proof of ordering without a global write lock (issue 15.2; README: Ordering
-without a global lock), on a real `kandev-es serve` over a real PostgreSQL,
-whose two workers each run a projection runner:
+"""Proof of ordering without a global write lock (README: Ordering without a
+global lock), on a real `kandev-es serve` over a real PostgreSQL, whose two
+workers each run a projection runner:
 
 - a creation held open on a second connection takes lower notification ids
   while later creations commit: nothing after it reaches the feed before it,

@@ -1,8 +1,8 @@
-"""Streams cannot starve the server (issue 14 point 6), on the default
-`kandev-es serve` (1 worker x 8 request threads): 32 open SSE streams from
-four tokens leave /healthz and a create answering within the issue's bounds
-(1 s, 2 s: behaviour bounds with wide margins, not a benchmark), and a stream
-beyond a cap is refused at once with 503 stream_limit_reached + Retry-After."""
+"""Streams cannot starve the server, on the default `kandev-es serve` (1 worker
+x 8 request threads): 32 open SSE streams from four tokens leave /healthz and a
+create answering within fixed bounds (1 s, 2 s: behaviour bounds with wide
+margins, not a benchmark), and a stream beyond a cap is refused at once with 503
+stream_limit_reached + Retry-After."""
 
 from __future__ import annotations
 

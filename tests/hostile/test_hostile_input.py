@@ -1,7 +1,7 @@
-"""Hostile input against a real `kandev-es serve` process (issue 14 point 5):
-deep JSON, out-of-range cursors, unbounded policy numbers and invalid UTF-8
-each get a typed 4xx JSON error, never a 500 or a torn stream, and change
-nothing. On both backends."""
+"""Hostile input against a real `kandev-es serve` process: deep JSON,
+out-of-range cursors, unbounded policy numbers and invalid UTF-8 each get a
+typed 4xx JSON error, never a 500 or a torn stream, and change nothing. On both
+backends."""
 
 from __future__ import annotations
 
@@ -161,7 +161,7 @@ def test_invalid_utf8_in_a_lookup_query_is_400_malformed_query(server):
 
 
 def test_repositories_register_only_under_the_allowed_roots(settings, tmp_path):
-    """Issue 14 point 4: outside KANDEV_REPOSITORY_ROOTS, or escaping them by a
+    """A path outside KANDEV_REPOSITORY_ROOTS, or escaping them by a
     symlink or '..', is 422 repository_not_allowed and registers nothing."""
     from tests.integration.helpers import make_git_repository
 

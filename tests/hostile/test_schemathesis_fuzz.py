@@ -1,7 +1,7 @@
-"""Hostile input against the served OpenAPI (issue 7.2): schemathesis generates
-requests for every documented operation of a real in-process app, on both
-backends, with a valid admin bearer token, and checks that no response is a
-5xx and every response matches its documented schema.
+"""Hostile input against the served OpenAPI: schemathesis generates requests for
+every documented operation of a real in-process app, on both backends, with a
+valid admin bearer token, and checks that no response is a 5xx and every
+response matches its documented schema.
 
 Bounded for CI: a few examples per operation, no deadline. The SSE stream is
 left out (it holds the response open up to max_seconds by design)."""

@@ -1,8 +1,8 @@
-"""The auditor's page (issue 16.5), both backends: who may see it (admin,
-operator of the workspace, or an audit link for exactly that identity until it
-expires; a member gets 403 operator_required, anyone else 404 identity not
-found), typed 400s for bad query input that change nothing, strict headers, and
-everything autoescaped. The browser's view is tests/e2e/test_audit_page.py."""
+"""The auditor's page, both backends: who may see it (admin, operator of the
+workspace, or an audit link for exactly that identity until it expires; a member
+gets 403 operator_required, anyone else 404 identity not found), typed 400s for
+bad query input that change nothing, strict headers, and everything autoescaped.
+The browser's view is tests/e2e/test_audit_page.py."""
 
 from __future__ import annotations
 

@@ -162,7 +162,7 @@ BAD_VALUES = [
 
 
 def test_every_bad_option_value_is_a_one_line_usage_error_that_starts_nothing(tmp_path):
-    """Issue 16.2: exit 2, one line on stderr naming the option and the
+    """Exit 2, one line on stderr naming the option and the
     command's --help, nothing on stdout, no traceback, nothing initialised."""
     from kandev_es.config import Settings
 

@@ -1,7 +1,7 @@
-"""Security (issue 7.4): every route of the app, found by walking Flask's
-url_map, denies a token of another workspace with 404 and leaks nothing about
-the victim's task; the victim's task is unchanged afterwards. Bodies over
-KANDEV_MAX_BODY_BYTES get a typed 413; tokens are stored hashed."""
+"""Security: every route of the app, found by walking Flask's url_map, denies a
+token of another workspace with 404 and leaks nothing about the victim's task;
+the victim's task is unchanged afterwards. Bodies over KANDEV_MAX_BODY_BYTES get
+a typed 413; tokens are stored hashed."""
 
 from __future__ import annotations
 

@@ -114,7 +114,7 @@ async def test_admin_token_resolves_the_only_workspace_then_needs_one_when_sever
 def test_the_only_workspace_scan_goes_through_the_store_breaker(
     settings, services, workspace, admin
 ):
-    """Issue 17 point 3: with the breaker open, resolving the default workspace
+    """With the breaker open, resolving the default workspace
     is refused with the typed 503 like every other store call, not read around it."""
     from kandev_es.application import Tasks
     from kandev_es.domain.principal import Principal

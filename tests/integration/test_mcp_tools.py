@@ -47,7 +47,7 @@ async def test_create_tool_describes_create_if_absent_and_the_one_unsafe_move(
         schema["properties"]
     )
     # The limits of the marshmallow schema REST validates with reach the tool
-    # a client lists (issue 17.2: the hand-written schema had none).
+    # a client lists.
     properties = schema["properties"]
     assert properties["title"]["maxLength"] == 500
     assert properties["description"]["maxLength"] == 100_000

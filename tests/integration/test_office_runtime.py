@@ -23,7 +23,7 @@ def path_for(route: str, run) -> str:
 
 
 def test_run_token_from_agent_launch_is_bound_to_its_run_and_task(services, workspace, run):
-    # Off the run routes a run credential is no principal at all (issue 14.2).
+    # Off the run routes a run credential is no principal at all.
     assert services.tokens.authenticate(run.token) is None
     principal = services.tokens.authenticate_run(run.token, run.run_id)
     assert principal.run_id == run.run_id

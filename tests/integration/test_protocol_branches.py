@@ -1,6 +1,6 @@
-"""Branches of the create protocol that nothing else reaches (issue 17 point 6),
-each driven by a failpoint of creation/failpoints.py in a real second
-service (same store, same data dir), on SQLite and PostgreSQL:
+"""Branches of the create protocol (AC-5, AC-7) that nothing else reaches, each
+driven by a failpoint of creation/failpoints.py in a real second service (same
+store, same data dir), on SQLite and PostgreSQL:
 
 - an effect proven, then gone before Completing: the proof gate records it
   unknown and the step runs again; Completing only follows a proof;

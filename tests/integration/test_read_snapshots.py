@@ -1,8 +1,8 @@
-"""``Tasks.read`` / ``read_many`` / ``snapshot`` (issue 17 point 6): the read
-cache is shared by a process's threads, but no two threads are ever handed
-the same aggregate object — so a command one thread calls on its read by
-mistake cannot tear what another thread reads — while one thread reading the
-same unchanged aggregate again gets its own copy back without a new copy."""
+"""``Tasks.read`` / ``read_many`` / ``snapshot``: the read cache is shared by a
+process's threads, but no two threads are ever handed the same aggregate object
+— so a command one thread calls on its read by mistake cannot tear what another
+thread reads — while one thread reading the same unchanged aggregate again gets
+its own copy back without a new copy."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Issue 14 point 4, at create time: a repository registered while its path
-was allowed is refused (422 repository_not_allowed, nothing created) once the
+"""Repository roots at create time: a repository registered while its path was
+allowed is refused (422 repository_not_allowed, nothing created) once the
 operator's roots no longer cover it."""
 
 from __future__ import annotations

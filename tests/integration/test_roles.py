@@ -1,7 +1,7 @@
-"""Roles (issue 14.3): a member token works its workspace's tasks but gets 403
+"""Roles: a member token works its workspace's tasks but gets 403
 operator_required on release, repository registration, policy, task and
-workspace deletion, and changes nothing; an operator token may do them;
-tokens stored before roles replay as operators. Runs on SQLite and PostgreSQL."""
+workspace deletion, and changes nothing; an operator token may do them; tokens
+stored before roles replay as operators. Runs on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""Run credentials are run credentials (issue 14.2): off the run routes a run
-token is no principal (the same 404 as no token at all), except for reading its
-own task with its run id; and it stops working when the run ends — the agent
-exits, the launch fails, the task is archived or deleted, the workspace is
-deleted — or its expiry passes. Runs on SQLite and PostgreSQL."""
+"""Run credentials are run credentials: off the run routes a run token is no
+principal (the same 404 as no token at all), except for reading its own task
+with its run id; and it stops working when the run ends — the agent exits, the
+launch fails, the task is archived or deleted, the workspace is deleted — or its
+expiry passes. Runs on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 

@@ -95,3 +95,28 @@ def test_a_guarded_save_refuses_the_same_way_through_both(
         twin.app.save_atomically(own[1], unchanged=read)
     assert _rows(twin)[after:] == _rows(services)[before:]
     assert len(_rows(twin)) == after + 4  # the refused save wrote nothing
+
+
+def test_a_stale_save_is_a_version_conflict_and_writes_nothing(services: Services) -> None:
+    """Two writers from the same read: the second's insert hits the stream's
+    unique version (PostgreSQL: psycopg's IntegrityError, mapped to the
+    library's by recorders.py) and becomes VersionConflict; on PostgreSQL the
+    connection goes back to the pool either way."""
+    app = services.app
+    workspace = Workspace.open("stale", "STL")
+    app.save_atomically(workspace)
+    first, second = app.load(workspace.id, Workspace), app.load(workspace.id, Workspace)
+    assert first is not None and second is not None
+    first.set_wip_limit(1)
+    second.set_wip_limit(2)
+    app.save_atomically(first)
+    rows = _rows(services)
+    pool = getattr(app.recorder.datastore, "pool", None)
+    idle = pool.get_stats()["pool_available"] if hasattr(pool, "get_stats") else None
+    with pytest.raises(VersionConflict):
+        app.save_atomically(second)
+    assert _rows(services) == rows
+    if idle is not None:
+        assert pool.get_stats()["pool_available"] == idle
+    loaded = app.load(workspace.id, Workspace)
+    assert loaded is not None and loaded.wip_limit == 1

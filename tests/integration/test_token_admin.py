@@ -1,7 +1,7 @@
-"""Token listing and revocation (issue 14.3): admin-only REST, the CLI, and a
-revoked token — member, operator or admin — refused on its very next request.
-Runs on SQLite and PostgreSQL; the last test revokes through the CLI against a
-real served process."""
+"""Token listing and revocation: admin-only REST, the CLI, and a revoked token —
+member, operator or admin — refused on its very next request. Runs on SQLite and
+PostgreSQL; the last test revokes through the CLI against a real served
+process."""
 
 from __future__ import annotations
 

@@ -95,7 +95,7 @@ def test_a_fenced_creation_cannot_complete_into_a_deleted_workspace(
 def test_a_deleted_workspace_name_is_used_again_with_ids_apart_from_its_history(
     client, services, workspace, admin
 ):
-    """Issue 14 point 7: the name comes back as a new incarnation whose ids never
+    """The name comes back as a new incarnation whose ids never
     meet the old workspace's events (workspace, identities, tasks)."""
     _, admin_secret = admin
     old = create(client, admin_secret, workspace_id=str(workspace.id), external_id="RE-1",
@@ -133,7 +133,7 @@ def test_a_deleted_workspace_name_is_used_again_with_ids_apart_from_its_history(
 def test_deleting_a_workspace_records_its_generation_on_a_tenure_released_while_preparing(
     client, services, workspace, member, admin, paused_owner
 ):
-    """Issue 17 point 6: an operator released the tenure while it was preparing;
+    """AC-6: an operator released the tenure while it was preparing;
     the deletion still fences it, records its generation on the identity and
     counts the task it took out."""
     _, secret = member

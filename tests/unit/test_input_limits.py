@@ -1,5 +1,5 @@
-"""The input limits (issue 14 point 5) as pure functions: no recursion, no
-overflow, brackets inside strings ignored."""
+"""The input limits as pure functions: no recursion, no overflow, brackets
+inside strings ignored."""
 
 from __future__ import annotations
 

@@ -171,3 +171,51 @@ def test_the_library_save_does_only_what_tasks_write_does() -> None:
     for hook in (Application._notify, Application.notify):
         assert hook.__code__.co_code == documented_no_op.__code__.co_code, _changed(
             "eventsourcing", f"a no-op {hook.__qualname__}", user)
+
+
+def test_recorders_map_psycopg_errors_as_the_librarys_get_connection_does() -> None:
+    """storage/recorders.py gets its pooled connections without the library's
+    datastore.get_connection and maps psycopg's errors itself (an
+    IntegrityError must stay the library's, for VersionConflict)."""
+    import re
+
+    import psycopg
+    from eventsourcing import persistence
+
+    from kandev_es.storage.recorders import LIBRARY_ERRORS
+
+    source = inspect.getsource(inspect.unwrap(postgres.PostgresDatastore.get_connection))
+    pairs = re.findall(r"except psycopg\.(\w+) as e:\s+(?:#[^\n]*\s+)*raise (\w+)\(", source)
+    library = tuple((getattr(psycopg, a), getattr(persistence, b)) for a, b in pairs)
+    assert library == LIBRARY_ERRORS, _changed(
+        "eventsourcing", "PostgresDatastore.get_connection's error mapping", "storage/recorders.py")
+
+
+def test_flask_smorest_documents_from_apidoc_and_passes_a_response_through() -> None:
+    """api/tasks.py serves the create view without flask-smorest's wrappers,
+    keeping only the documentation they collected in ``_apidoc``: right only
+    while smorest reads a view's documentation from there and its wrappers
+    hand a view's Response back unchanged."""
+    from flask import Flask, Response
+    from flask_smorest import Blueprint
+    from marshmallow import Schema
+
+    user = "api/tasks.py (_documentation_only)"
+    source = inspect.getsource(Blueprint._store_endpoint_docs)
+    assert 'getattr(function, "_apidoc"' in source, _changed(
+        "flask_smorest", "Blueprint._store_endpoint_docs reading _apidoc", user)
+    blp = Blueprint("canary", __name__)
+    answer = Response(b"{}", status=201, mimetype="application/json")
+
+    @blp.doc(summary="canary")
+    @blp.response(200, Schema)
+    @blp.alt_response(404, schema=Schema, description="not found")
+    def view() -> Response:
+        return answer
+
+    assert {"manual_doc", "response", "success_status_codes"} <= set(view._apidoc), _changed(
+        "flask_smorest", "decorators collecting _apidoc", user)
+    with Flask("canary").test_request_context():
+        served = view()
+    assert served is answer and served.status_code == 201, _changed(
+        "flask_smorest", "a view's Response returned as is", user)

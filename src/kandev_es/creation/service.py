@@ -97,16 +97,12 @@ class CreationService:
         workspace_id = self._workspace_id(principal, body.get("workspace_id"))  # step 1
         assert principal is not None
         token = [unconfirmed.token_id] if unconfirmed is not None else []
+        invalid: InvalidExternalId | None = None
         try:
             external_id = normalize_external_id(body.get("external_id"))  # step 2
-        except InvalidExternalId:
+        except InvalidExternalId as error:
             # Authorization still answers first: read the workspace, then refuse.
-            reads = self._app.read_many([workspace_id, *token])
-            confirmed = self._confirmed(unconfirmed, reads)
-            if confirmed is not None and confirmed != principal:
-                return self._create(confirmed, body)  # the token changed: start over
-            self._authorized(reads[workspace_id])
-            raise
+            external_id, invalid = None, error
         key = identity_id(workspace_id, external_id) if external_id is not None else None
         # One query for the workspace, the identity, (a guess from the last
         # read) its holder's task and the caller's token: a retry's whole
@@ -116,6 +112,8 @@ class CreationService:
         if confirmed is not None and confirmed != principal:
             return self._create(confirmed, body)  # the token changed: start over
         workspace = self._authorized(reads[workspace_id])
+        if invalid is not None:
+            raise invalid
         identity: Identity | None = None
         if key is not None:
             self._attestation.require()

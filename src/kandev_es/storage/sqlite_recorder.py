@@ -29,13 +29,19 @@ class KandevSQLiteRecorder(SQLiteApplicationRecorder):
             )
             return int(c.fetchone()[0])
 
+    # The head the last checkpoint read (a pass checkpoints before it reads).
+    _checkpointed = 0
+
     def checkpoint(self) -> int:
-        return int(self.max_notification_id() or 0)
+        self._checkpointed = head = int(self.max_notification_id() or 0)
+        return head
 
     def read_settled(self, after: int, limit: int, topics: Sequence[str] = ()) -> Settled:
-        """One writer commits ids in order, so everything up to the head read
-        first is committed and nothing below it can appear later."""
-        head = int(self.max_notification_id() or 0)
+        """One writer commits ids in order, so everything up to a head read
+        before (the last checkpoint's, whichever thread took it) is committed
+        and nothing below it can appear later: every projection of a pass reads
+        without asking for the head again."""
+        head = self._checkpointed
         notifications = list(
             self.select_notifications(
                 start=after, limit=limit, topics=list(topics), inclusive_of_start=False
