@@ -140,12 +140,14 @@ class ProjectionRunner:
     def catch_up(self, timeout: float = CATCH_UP_SECONDS) -> int:
         """Apply everything committed before the call; return how many events
         were read (summed over projections). Waits while an older transaction
-        is still open (its events may take lower ids), up to ``timeout``."""
+        is still open (its events may take lower ids), up to ``timeout``. Ends
+        once every projection is at the call's head: chasing events saved
+        later would never end while writes go on."""
         deadline = time.monotonic() + timeout
         target = self.app.max_notification_id()
         read = total = self.run_once()
         pause = 0.005
-        while read or self._below(target):
+        while self._below(target):
             if not read:
                 if time.monotonic() > deadline or self._stop.wait(pause):
                     raise StoreUnavailable("projections did not settle: a transaction is open")

@@ -10,19 +10,15 @@ server takes over when it dies. Both backends."""
 
 from __future__ import annotations
 
-import os
 import time
 import urllib.request
 from pathlib import Path
 
-import psycopg
-from kandev_es.projections.leadership import lock_key, lock_path
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
 from kandev_es.config import Settings, metrics_dir
-from kandev_es.storage.database import parse_postgres_url
-from tests.conftest import postgres_admin_url
+from tests.support.leader import lock_holders
 from tests.support.load import sigkill, wait_for_workers
 from tests.support.served import Launched, ServedProcess, http, run_cli
 
@@ -39,32 +35,6 @@ def _wait_for(what: str, probe, seconds: float = WAIT_S):
             return value
         assert time.monotonic() < deadline, f"{what}: last saw {value!r}"
         time.sleep(0.1)
-
-
-def lock_holders(settings: Settings) -> list[int]:
-    """The pids of the processes holding the projection leader lock."""
-    if settings.database_url:
-        schema = parse_postgres_url(settings.database_url).get("POSTGRES_SCHEMA")
-        with psycopg.connect(postgres_admin_url(), autocommit=True) as admin:
-            rows = admin.execute(
-                "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a"
-                " ON a.pid = l.pid WHERE l.locktype = 'advisory' AND l.granted"
-                " AND l.database = (SELECT oid FROM pg_database"
-                "  WHERE datname = current_database())"
-                " AND l.classid = %s AND l.objid = %s AND l.objsubid = 2",
-                lock_key(schema),
-            ).fetchall()
-        return sorted(int(name.rsplit("-", 1)[1]) for (name,) in rows)
-    path = lock_path(settings.sqlite_path)
-    if not path.exists():
-        return []
-    inode = f":{os.stat(path).st_ino} "
-    holders = []
-    for line in Path("/proc/locks").read_text().splitlines():
-        fields = line.split()  # 1: FLOCK ADVISORY WRITE <pid> <maj:min:inode> 0 EOF
-        if "FLOCK" in fields and "->" not in fields and inode in f"{fields[5]} ":
-            holders.append(int(fields[4]))
-    return sorted(holders)
 
 
 def worker_leading(settings: Settings, pid: int) -> float | None:

@@ -9,8 +9,13 @@ from __future__ import annotations
 
 import time
 
+import psycopg
+import pytest
+
 from kandev_es.bootstrap import bootstrap
+from tests.conftest import postgres_admin_url
 from tests.integration.helpers import create
+from tests.support.leader import lock_sessions
 
 WAIT_S = 30.0
 
@@ -84,4 +89,37 @@ def test_a_follower_process_still_catches_up_when_asked(client, services, member
     finally:
         other.projections.stop()
         thread.join(10)
+        other.close()
+
+
+@pytest.mark.postgres_only
+def test_a_leader_whose_lock_session_is_killed_stops_leading(
+    client, services, member, settings
+):
+    """The lock lives in the leader's session: when that session dies (here
+    terminated by an admin; a network cut or a database restart alike) the lock
+    is gone, so the old leader must notice and step down, or two would lead."""
+    _, secret = member
+    other = bootstrap(settings.with_overrides(create_tables=False))
+    runners = [services.projections, other.projections]
+    threads = [runner.start_thread(poll_seconds=0.05) for runner in runners]
+    try:
+        assert _wait_until(lambda: len(lock_sessions(settings)) == 1)
+        ((backend, _),) = lock_sessions(settings)
+        with psycopg.connect(postgres_admin_url(), autocommit=True) as admin:
+            assert admin.execute("SELECT pg_terminate_backend(%s)", (backend,)).fetchone()[0]
+        # Whichever runner takes the lock again, in the end one leads, on a new session.
+        assert _wait_until(
+            lambda: [r.leading for r in runners].count(True) == 1
+            and [b for b, _ in lock_sessions(settings)] not in ([], [backend])
+        )
+        task = create(client, secret, external_id="LOST-1", title="lost").json["id"]
+        assert _wait_until(lambda: task in _feed_subjects(services))
+        assert [r.leading for r in runners].count(True) == 1
+        assert len(lock_sessions(settings)) == 1
+    finally:
+        for runner in runners:
+            runner.stop()
+        for thread in threads:
+            thread.join(10)
         other.close()

@@ -207,3 +207,40 @@ def test_an_idle_pass_neither_locks_nor_writes_a_tracking_row(client, services, 
     assert _wait_until(lambda: runner.run_once() > 0, 30)
     assert tracking() != before
     assert len(_feed_rows(services)) == 2
+
+
+class _WritesWhileApplied:
+    """Saves one more event for every batch it applies, up to ``cap``: another
+    writer, as on a busy server, always a little ahead of the runner."""
+
+    name = "chaser"
+
+    def __init__(self, services, cap: int) -> None:
+        self._services = services
+        self.cap = cap
+        self.writes = 0
+
+    def apply(self, tx, event, position, backend):
+        raise AssertionError("applied in batches")
+
+    def apply_batch(self, tx, items, backend):
+        if self.writes < self.cap:
+            self.writes += 1
+            self._services.workspaces.open(f"chase-{self.writes}")
+
+
+@pytest.mark.postgres_only
+def test_catch_up_ends_at_its_head_while_writes_go_on(services, workspace):
+    """catch_up applies what was committed before the call, then returns: it
+    does not chase the head while every pass finds something new (the Runtime's
+    scan and workspace deletion call it on busy servers). PostgreSQL: a save
+    from inside the pass commits on its own connection."""
+    from kandev_es.projections.runner import ProjectionRunner
+
+    chaser = _WritesWhileApplied(services, cap=50)
+    runner = ProjectionRunner(services.app, services.database, [chaser])
+    head = services.app.max_notification_id()
+    runner.catch_up()
+    assert runner.position("chaser") >= head
+    # Each batch saved one more event; chasing them would have gone on to the cap.
+    assert chaser.writes < chaser.cap

@@ -4,7 +4,9 @@ parameter types psycopg's own list dumper would send for the same lists."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from psycopg.adapt import PyFormat, Transformer
@@ -54,7 +56,24 @@ def test_int8s_pack_as_psycopg_dumps_them_as_bigint(values: list[int]) -> None:
 
 @given(st.lists(st.text(alphabet=st.characters(blacklist_characters="\x00")), min_size=1))
 def test_texts_pack_as_psycopg_dumps_them(values: list[str]) -> None:
-    assert ours(pack_texts(values, "utf-8")) == psycopg_dump(list(values))
+    """Same bytes, or (a lone surrogate has no UTF-8 form) the same refusal."""
+
+    def outcome(dump: Callable[[], tuple[bytes, int]]) -> object:
+        try:
+            return dump()
+        except UnicodeEncodeError as error:
+            return type(error), error.object[error.start : error.end]
+
+    assert outcome(lambda: ours(pack_texts(values, "utf-8"))) == outcome(
+        lambda: psycopg_dump(list(values))
+    )
+
+
+def test_a_lone_surrogate_is_refused_as_psycopg_refuses_it() -> None:
+    with pytest.raises(UnicodeEncodeError):
+        pack_texts(["ok", "\ud800"], "utf-8")
+    with pytest.raises(UnicodeEncodeError):
+        psycopg_dump(["ok", "\ud800"])
 
 
 @given(st.lists(st.binary(), min_size=1))

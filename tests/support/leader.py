@@ -1,0 +1,46 @@
+"""Who holds the projection leader lock (projections/leadership.py), read from
+outside the holders: PostgreSQL's pg_locks, Linux's /proc/locks for SQLite."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import psycopg
+from kandev_es.projections.leadership import lock_key, lock_path
+
+from kandev_es.config import Settings
+from kandev_es.storage.database import parse_postgres_url
+from tests.conftest import postgres_admin_url
+
+
+def lock_sessions(settings: Settings) -> list[tuple[int, int]]:
+    """PostgreSQL: (backend pid, process pid) of each session holding the lock;
+    the process pid is in the session's application_name."""
+    schema = parse_postgres_url(str(settings.database_url)).get("POSTGRES_SCHEMA")
+    with psycopg.connect(postgres_admin_url(), autocommit=True) as admin:
+        rows = admin.execute(
+            "SELECT l.pid, a.application_name FROM pg_locks l JOIN pg_stat_activity a"
+            " ON a.pid = l.pid WHERE l.locktype = 'advisory' AND l.granted"
+            " AND l.database = (SELECT oid FROM pg_database"
+            "  WHERE datname = current_database())"
+            " AND l.classid = %s AND l.objid = %s AND l.objsubid = 2",
+            lock_key(schema),
+        ).fetchall()
+    return sorted((int(backend), int(name.rsplit("-", 1)[1])) for backend, name in rows)
+
+
+def lock_holders(settings: Settings) -> list[int]:
+    """The pids of the processes holding the projection leader lock."""
+    if settings.database_url:
+        return sorted(process for _, process in lock_sessions(settings))
+    path = lock_path(settings.sqlite_path)
+    if not path.exists():
+        return []
+    inode = f":{os.stat(path).st_ino} "
+    holders = []
+    for line in Path("/proc/locks").read_text().splitlines():
+        fields = line.split()  # 1: FLOCK ADVISORY WRITE <pid> <maj:min:inode> 0 EOF
+        if "FLOCK" in fields and "->" not in fields and inode in f"{fields[5]} ":
+            holders.append(int(fields[4]))
+    return sorted(holders)
