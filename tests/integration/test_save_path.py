@@ -120,3 +120,30 @@ def test_a_stale_save_is_a_version_conflict_and_writes_nothing(services: Service
         assert pool.get_stats()["pool_available"] == idle
     loaded = app.load(workspace.id, Workspace)
     assert loaded is not None and loaded.wip_limit == 1
+
+
+@pytest.mark.postgres_only
+def test_a_save_commits_then_notifies_in_the_same_statement(services: Services) -> None:
+    """The save procedure (event_sql.save_procedure) commits the events, then
+    sends the NOTIFY that wakes projection runners: when the NOTIFY from the
+    saving session arrives, the events are already visible to another session."""
+    import psycopg
+
+    recorder: Any = services.app.recorder
+    pool = recorder.datastore.pool
+    conn = pool.getconn()
+    saver = conn.info.backend_pid  # the pool hands out its most recent connection next
+    pool.putconn(conn)
+    with psycopg.connect(postgres_admin_url(), autocommit=True) as listener:
+        listener.execute(f'LISTEN "{recorder.channel_name}"')
+        workspace = Workspace.open("notified", "NTF")
+        last = services.app.save_atomically(workspace)
+        table = f'"{recorder.datastore.schema}"."{recorder.events_table_name}"'
+        heard = False
+        for notify in listener.notifies(timeout=10):
+            if notify.pid == saver:
+                heard = True
+                break
+        assert heard
+        seen = listener.execute(f"SELECT max(notification_id) FROM {table}").fetchone()
+        assert seen == (last,)

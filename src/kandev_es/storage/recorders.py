@@ -45,7 +45,7 @@ from psycopg.sql import SQL, Identifier
 from psycopg_pool import PoolTimeout
 
 from kandev_es.storage.counters import sequence_name
-from kandev_es.storage.event_sql import insert_function, upgrade_statement
+from kandev_es.storage.event_sql import insert_function, save_procedure, upgrade_statement
 from kandev_es.storage.pools import serve_most_recent_first
 from kandev_es.storage.settled import Horizon, Settled
 from kandev_es.storage.streams import Since, StreamsAdvanced, Versions
@@ -254,22 +254,23 @@ class KandevPostgresRecorder(PostgresApplicationRecorder):
         ).format(table)
         self.sql_create_statements.append(upgrade_statement(table, self._table_sql))
         # One statement per save instead of the library's pipelined BEGIN, SET,
-        # LOCK, NOTIFY, INSERT, COMMIT: the streams' locks (sorted, so two saves
-        # never deadlock), then the guard, then the insert, in the one implicit
-        # transaction of an autocommit call. No table lock: readers cope with
-        # ids committing out of order (settled.py). Plain arrays, not the
+        # LOCK, NOTIFY, INSERT, COMMIT: a procedure that takes the streams'
+        # locks (sorted, so two saves never deadlock), checks the guard and
+        # inserts (the function), commits, then sends the NOTIFY in its own
+        # transaction (event_sql.py). No table lock: readers cope with ids
+        # committing out of order (settled.py). Plain arrays, not the
         # composite type, sent in binary (%b): the text form of a bytea array
         # cost more to escape and parse than the insert itself.
         function = SQL("{0}.kandev_insert_events").format(schema)
+        procedure = SQL("{0}.kandev_save_events").format(schema)
         self.sql_create_statements.append(insert_function(function, table))
+        self.sql_create_statements.append(
+            save_procedure(procedure, function, self.channel_name)
+        )
         self._insert_sql = SQL(
-            "SELECT {0}(%b::uuid[], %b::bigint[], %b::text[], %b::bytea[],"
-            " %b::uuid[], %b::bigint[]) AS id"
-        ).format(function).as_string(None)
-        # NOTIFY after the save's commit, in its own transaction: a NOTIFY
-        # inside the save would hold PostgreSQL's one notification-queue lock
-        # through the save's commit, serialising every save again.
-        self._notify_sql = SQL("NOTIFY {0}").format(Identifier(self.channel_name)).as_string(None)
+            "CALL {0}(%b::uuid[], %b::bigint[], %b::text[], %b::bytea[],"
+            " %b::uuid[], %b::bigint[])"
+        ).format(procedure).as_string(None)
         quoted_schema = '"' + self.datastore.schema.replace('"', '""') + '"'
         self._sequence_prefix = quoted_schema + "."
 
@@ -295,12 +296,8 @@ class KandevPostgresRecorder(PostgresApplicationRecorder):
                 pack_uuids(list(unchanged)),
                 pack_int8s(list(unchanged.values())),
             )
-            cursor = _tuples(conn)
-            with conn.pipeline():  # one round trip for both transactions
-                cursor.execute(self._insert_sql, params, prepare=True)
-                conn.execute(self._notify_sql, prepare=True)
-            rows = cursor.fetchall()
-        ids = [row[0] for row in rows]
+            row = _tuples(conn).execute(self._insert_sql, params, prepare=True).fetchone()
+        ids: list[int] = row[0] if row is not None else []
         if not ids:
             raise StreamsAdvanced("a stream this save depends on has moved on")
         return ids
