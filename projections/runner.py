@@ -238,14 +238,19 @@ class ProjectionRunner:
         waker: Waker | None = None
         streak = 0
         pause = UNSETTLED_POLL_SECONDS
+        following = False
         try:
             while not self._stop.is_set():
                 if not leadership.hold():
                     if waker is not None:
                         self._step_down(waker)
                         waker = None
+                    if not following:
+                        log.info("projections: another process leads; taking over if it stops")
+                    following = True
                     self._stop.wait(RETRY_SECONDS)
                     continue
+                following = False
                 if waker is None:
                     waker = self._take_lead()
                 read = self.run_once(raise_errors=False)
