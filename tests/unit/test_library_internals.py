@@ -17,6 +17,7 @@ import pytest
 psycopg_pool = pytest.importorskip("psycopg_pool")
 postgres = pytest.importorskip("eventsourcing.postgres")
 
+import psycopg  # noqa: E402
 from eventsourcing.sqlite import SQLiteApplicationRecorder  # noqa: E402
 from psycopg_pool import ConnectionPool  # noqa: E402
 
@@ -219,3 +220,26 @@ def test_flask_smorest_documents_from_apidoc_and_passes_a_response_through() -> 
         served = view()
     assert served is answer and served.status_code == 201, _changed(
         "flask_smorest", "a view's Response returned as is", user)
+
+
+def test_event_store_pool_is_built_closed_and_connects_with_its_conninfo_and_kwargs() -> None:
+    """storage/recorders.KandevPostgresFactory swaps the library pool's
+    conninfo and kwargs after the factory built it: that only works while the
+    pool is still closed and its _connect reads those two attributes."""
+    factory = postgres.PostgresFactory({
+        "POSTGRES_DBNAME": "db", "POSTGRES_HOST": "h", "POSTGRES_PORT": "1",
+        "POSTGRES_USER": "u", "POSTGRES_PASSWORD": "",
+    })
+    pool = factory.datastore.pool
+    assert pool.closed, _changed(
+        "eventsourcing", "PostgresDatastore's pool built closed (open=False)",
+        "storage/recorders.py")
+    # What the factory does: the pool then connects where conninfo says (a
+    # refused port on loopback), not to the host "h" it was built with.
+    pool.conninfo = "host=127.0.0.1 port=1 connect_timeout=2"
+    pool.kwargs = {}
+    with pytest.raises(psycopg.OperationalError) as refused:
+        pool._connect()
+    assert "127.0.0.1" in str(refused.value) and '"h"' not in str(refused.value), _changed(
+        "psycopg_pool", "ConnectionPool._connect reading .conninfo and .kwargs",
+        "storage/recorders.py")
