@@ -108,6 +108,13 @@ class OperationIdReused(ValidationFailed):
     code = "operation_id_reused"
 
 
+class Unauthenticated(KandevError):
+    """No bearer token that authenticates, where the transport refuses the
+    request itself before any state (MCP over HTTP: no session, no transport)."""
+
+    code = "unauthenticated"
+
+
 class OperatorRequired(KandevError):
     """A member token on a route that needs an operator of that workspace."""
 

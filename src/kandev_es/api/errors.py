@@ -19,6 +19,7 @@ from kandev_es.errors import (
     OperatorRequired,
     PayloadTooLarge,
     RevisionMismatch,
+    Unauthenticated,
     Unavailable,
     ValidationFailed,
 )
@@ -28,6 +29,7 @@ log = logging.getLogger("kandev_es.api")
 # By family: a class answers with the status of its nearest listed ancestor.
 HTTP_STATUS: dict[type[KandevError], int] = {
     BadRequest: 400,
+    Unauthenticated: 401,
     OperatorRequired: 403,
     NotFound: 404,
     Conflict: 409,
