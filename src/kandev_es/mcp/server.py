@@ -35,10 +35,9 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from kandev_es import __version__
-from kandev_es.api.errors import http_status
 from kandev_es.bootstrap import Services
 from kandev_es.domain.principal import Principal
-from kandev_es.errors import KandevError, Unauthenticated
+from kandev_es.errors import KandevError, Unauthenticated, http_status
 from kandev_es.mcp import errors, tools
 from kandev_es.mcp.handlers import HANDLERS
 from kandev_es.services.auth import bearer_of
