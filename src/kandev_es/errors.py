@@ -99,6 +99,14 @@ class RepositoryNotAllowed(ValidationFailed):
     code = "repository_not_allowed"
 
 
+class RepositoryNotTopLevel(ValidationFailed):
+    """A repository path that is not the top of its own git work tree (a folder
+    inside an enclosing repository): git commands there would act on the
+    enclosing repository."""
+
+    code = "repository_not_top_level"
+
+
 class UnknownReference(ValidationFailed):
     code = "unknown_reference"
 
@@ -107,6 +115,13 @@ class OperationIdReused(ValidationFailed):
     """A release operation id already used to release another identity."""
 
     code = "operation_id_reused"
+
+
+class Unauthenticated(KandevError):
+    """No bearer token that authenticates, where the transport refuses the
+    request itself before any state (MCP over HTTP: no session, no transport)."""
+
+    code = "unauthenticated"
 
 
 class OperatorRequired(KandevError):
@@ -280,6 +295,7 @@ class InvalidSetting(KandevError):
 # By family: a class answers with the status of its nearest listed ancestor.
 HTTP_STATUS: dict[type[KandevError], int] = {
     BadRequest: 400,
+    Unauthenticated: 401,
     OperatorRequired: 403,
     NotFound: 404,
     Conflict: 409,
