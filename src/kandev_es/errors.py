@@ -114,6 +114,14 @@ class RepositoryNotAllowed(ValidationFailed):
     code = "repository_not_allowed"
 
 
+class RepositoryNotTopLevel(ValidationFailed):
+    """A repository path that is not the top of its own git work tree (a folder
+    inside an enclosing repository): git commands there would act on the
+    enclosing repository."""
+
+    code = "repository_not_top_level"
+
+
 class UnknownReference(ValidationFailed):
     code = "unknown_reference"
 

@@ -33,7 +33,8 @@ STATUS = {
     " AttachmentClaimed",
     412: "RevisionMismatch",
     413: "PayloadTooLarge",
-    422: "ValidationFailed RepositoryNotAllowed UnknownReference OperationIdReused",
+    422: "ValidationFailed RepositoryNotAllowed RepositoryNotTopLevel UnknownReference"
+    " OperationIdReused",
     500: "KandevError InvalidSetting",
     502: "EffectFailed RepositoryEffectFailed AgentLaunchFailed EffectUnproven",
     503: "Unavailable StreamLimitReached SchemaNotAttested StoreUnavailable CreationHandedOver"
