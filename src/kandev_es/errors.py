@@ -132,6 +132,13 @@ class OperationIdReused(ValidationFailed):
     code = "operation_id_reused"
 
 
+class Unauthenticated(KandevError):
+    """No bearer token that authenticates, where the transport refuses the
+    request itself before any state (MCP over HTTP: no session, no transport)."""
+
+    code = "unauthenticated"
+
+
 class OperatorRequired(KandevError):
     """A member token on a route that needs an operator of that workspace."""
 
@@ -303,6 +310,7 @@ class InvalidSetting(KandevError):
 # By family: a class answers with the status of its nearest listed ancestor.
 HTTP_STATUS: dict[type[KandevError], int] = {
     BadRequest: 400,
+    Unauthenticated: 401,
     OperatorRequired: 403,
     NotFound: 404,
     Conflict: 409,
