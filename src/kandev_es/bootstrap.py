@@ -110,13 +110,12 @@ def store_exists(settings: Settings) -> bool:
             "a postgresql:// store needs the postgres extra: pip install 'kandev-es[postgres]'"
         ) from None
 
-    schema = parse_postgres_url(settings.database_url).get("POSTGRES_SCHEMA")
+    target = settings.postgres
+    assert target is not None
+    schema = target.schema
     try:
         # One plain connection, not a pool: its error says why (refused, auth, ...).
-        postgres = psycopg.connect(
-            base_postgres_url(settings.database_url),
-            connect_timeout=max(2, settings.pg_connect_timeout),
-        )
+        postgres = psycopg.connect(target.conninfo)
     except psycopg.OperationalError as error:
         reason = " ".join(str(error).split())
         raise StoreUnavailable(f"database unavailable at {settings.location}: {reason}") from None

@@ -18,8 +18,8 @@ import click
 from click.exceptions import NoArgsIsHelpError
 
 from kandev_es.bootstrap import Services, bootstrap, store_exists
-from kandev_es.config import Settings, load_settings
-from kandev_es.errors import KandevError
+from kandev_es.config import Settings, load_settings, postgres_target
+from kandev_es.errors import InvalidSetting, KandevError
 
 
 class _Int(click.IntRange):
@@ -88,6 +88,11 @@ def _remember(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
 def _postgres_url(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     if value is not None and not value.startswith(("postgresql://", "postgres://")):
         raise click.BadParameter("not a postgresql:// URL")
+    if value is not None:
+        try:
+            postgres_target(value)  # what KANDEV_DATABASE_URL would be refused for
+        except InvalidSetting as error:
+            raise click.BadParameter(error.message) from None
     _remember(ctx, param, value)
     return value
 

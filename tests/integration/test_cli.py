@@ -215,12 +215,10 @@ def store_line(settings) -> str:
 def _schema_exists(settings) -> bool:
     import psycopg
 
-    from kandev_es.storage.database import base_postgres_url, parse_postgres_url
-
-    schema = parse_postgres_url(settings.database_url)["POSTGRES_SCHEMA"]
-    with psycopg.connect(base_postgres_url(settings.database_url)) as connection:
+    target = settings.postgres
+    with psycopg.connect(target.conninfo) as connection:
         rows = connection.execute(
-            "SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)
+            "SELECT 1 FROM pg_namespace WHERE nspname = %s", (target.schema,)
         ).fetchall()
     return bool(rows)
 
