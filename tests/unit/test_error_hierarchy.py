@@ -26,6 +26,7 @@ OUTSIDE = {
 STATUS = {
     400: "BadRequest MalformedJson MalformedQuery InvalidExternalId ExternalIdImmutable"
     " InvalidCursor MissingOperationId UnknownProjection NotRebuildable",
+    401: "Unauthenticated",
     403: "OperatorRequired",
     404: "NotFound TaskNotCreated WorkspaceDeleted TaskNotFound WorkspaceNotFound TokenNotFound"
     " IdentityNotFound CreationNotFound",
@@ -33,7 +34,8 @@ STATUS = {
     " AttachmentClaimed",
     412: "RevisionMismatch",
     413: "PayloadTooLarge",
-    422: "ValidationFailed RepositoryNotAllowed UnknownReference OperationIdReused",
+    422: "ValidationFailed RepositoryNotAllowed RepositoryNotTopLevel UnknownReference"
+    " OperationIdReused",
     500: "KandevError InvalidSetting",
     502: "EffectFailed RepositoryEffectFailed AgentLaunchFailed EffectUnproven",
     503: "Unavailable StreamLimitReached SchemaNotAttested StoreUnavailable CreationHandedOver"
