@@ -60,7 +60,8 @@ class RepositoryStep:
                 git(self.path, "worktree", "add", str(worktree), branch)
             return self._evidence(ctx)
         except GitError as error:
-            raise StepFailed(RepositoryEffectFailed(str(error))) from None
+            failed = RepositoryEffectFailed(f"the {self.repository} repository step failed")
+            raise StepFailed(failed, detail=str(error)) from None
 
     def _repository_gone(self) -> bool:
         return not Path(self.path).is_dir()
