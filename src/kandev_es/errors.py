@@ -3,8 +3,9 @@ from ``Failure``.
 
 - ``KandevError``: a failure answered to the caller — one class per failure,
   a machine-readable ``code``, a message and details. All of them are here.
-  No transport status: the adapters map each class once (api/errors.py to an
-  HTTP status, mcp/errors.py to a tool error carrying that status).
+  Each family's HTTP status is in one table at the end (``http_status``);
+  the adapters use it (api/errors.py for the response, mcp/errors.py for a
+  tool error carrying that status), nothing below them does.
 - ``InternalError``: a signal one layer raises and another catches
   (VersionConflict, Fenced, StepFailed, DomainRuleBroken, ...). Each stays in
   the module of the layer that raises it; one that escapes is answered as a
@@ -96,6 +97,14 @@ class RepositoryNotAllowed(ValidationFailed):
     """A repository path outside KANDEV_REPOSITORY_ROOTS (symlinks resolved)."""
 
     code = "repository_not_allowed"
+
+
+class RepositoryNotTopLevel(ValidationFailed):
+    """A repository path that is not the top of its own git work tree (a folder
+    inside an enclosing repository): git commands there would act on the
+    enclosing repository."""
+
+    code = "repository_not_top_level"
 
 
 class UnknownReference(ValidationFailed):
@@ -274,3 +283,26 @@ class InvalidSetting(KandevError):
     CLI reports it as a usage error (exit 2)."""
 
     code = "invalid_setting"
+
+
+# By family: a class answers with the status of its nearest listed ancestor.
+HTTP_STATUS: dict[type[KandevError], int] = {
+    BadRequest: 400,
+    OperatorRequired: 403,
+    NotFound: 404,
+    Conflict: 409,
+    RevisionMismatch: 412,
+    PayloadTooLarge: 413,
+    ValidationFailed: 422,
+    EffectFailed: 502,
+    Unavailable: 503,
+}
+
+
+def http_status(error: KandevError | type[KandevError]) -> int:
+    """The HTTP status of a typed error (or of its class); 500 for one of no
+    listed family (InvalidSetting, which only the CLI reports)."""
+    for family in (error if isinstance(error, type) else type(error)).__mro__:
+        if family in HTTP_STATUS:
+            return HTTP_STATUS[family]
+    return 500

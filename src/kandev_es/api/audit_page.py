@@ -19,10 +19,9 @@ from flask import Blueprint, Response, render_template, request
 from flask.typing import ResponseReturnValue
 
 from kandev_es.api.context import principal, services
-from kandev_es.api.errors import http_status
 from kandev_es.domain.external_id import require_external_id
 from kandev_es.domain.principal import require_auditor
-from kandev_es.errors import BadRequest, KandevError
+from kandev_es.errors import BadRequest, KandevError, http_status
 from kandev_es.services.audit_links import LINK_PARAMETER
 from kandev_es.services.audit_timeline import identity_timeline
 

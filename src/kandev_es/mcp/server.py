@@ -27,9 +27,8 @@ from mcp_types import (
 )
 
 from kandev_es import __version__
-from kandev_es.api.errors import http_status
 from kandev_es.bootstrap import Services
-from kandev_es.errors import KandevError
+from kandev_es.errors import KandevError, http_status
 from kandev_es.mcp import errors, tools
 from kandev_es.mcp.handlers import HANDLERS
 from kandev_es.services.auth import bearer_of

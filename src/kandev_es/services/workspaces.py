@@ -103,13 +103,3 @@ class WorkspaceService:
             assert again is not None
             return again, False
 
-
-def workspace_dto(workspace: Workspace) -> dict[str, object]:
-    return {
-        "id": str(workspace.id),
-        "name": workspace.name,
-        "task_prefix": workspace.task_prefix,
-        "workflows": workspace.workflows,
-        "wip_limit": workspace.wip_limit,
-        "repositories": sorted(workspace.repositories),
-    }
