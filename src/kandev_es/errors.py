@@ -53,6 +53,14 @@ class MalformedJson(BadRequest):
     code = "malformed_json"
 
 
+class InvalidText(BadRequest):
+    """A string in the request that cannot be stored as text: a lone surrogate
+    (no UTF-8 encoding) or NUL (PostgreSQL text, paths, argv and environment
+    cannot hold it). ``details.field`` names where it was."""
+
+    code = "invalid_text"
+
+
 class MalformedQuery(BadRequest):
     """The query string is not UTF-8 once percent-decoded."""
 
@@ -91,6 +99,13 @@ class ValidationFailed(KandevError):
     """Request-specific validation (title, workflow, references) failed."""
 
     code = "validation_failed"
+
+
+class InvalidPath(ValidationFailed):
+    """A path the operating system cannot take: a component longer than 255
+    bytes, or the whole longer than 4096."""
+
+    code = "invalid_path"
 
 
 class RepositoryNotAllowed(ValidationFailed):

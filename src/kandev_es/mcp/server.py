@@ -38,6 +38,7 @@ from kandev_es import __version__
 from kandev_es.bootstrap import Services
 from kandev_es.domain.principal import Principal
 from kandev_es.errors import KandevError, Unauthenticated, http_status
+from kandev_es.limits import check_json_text
 from kandev_es.mcp import errors, tools
 from kandev_es.mcp.handlers import HANDLERS
 from kandev_es.services.auth import bearer_of
@@ -69,6 +70,7 @@ def build_server(services: Services, secret_for: SecretSource) -> Server[Any]:
         secret = secret_for(ctx)
 
         def work() -> dict[str, Any]:
+            check_json_text(arguments)  # what api/context.json_object checks
             principal = services.tokens.authenticate(secret)
             return handler(services, principal, arguments)
 
