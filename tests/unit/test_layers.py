@@ -31,7 +31,7 @@ LAYERS: tuple[tuple[tuple[str, ...], ...], ...] = (
     (("api",), ("agentctl",), ("client",)),
     # MCP answers with the REST error contract: its status comes from api/errors.py.
     (("mcp",),),
-    (("cli", "cli_ops", "cli_agentctl", "cli_usage", "server"),),
+    (("cli", "cli_ops", "cli_agentctl", "cli_usage", "server", "http_worker"),),
 )
 
 
