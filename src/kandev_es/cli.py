@@ -11,13 +11,12 @@ from typing import Any
 
 import click
 
-from kandev_es.api.errors import http_status
 from kandev_es.bootstrap import Services, bootstrap, init_storage
 from kandev_es.cli_agentctl import register as register_agentctl
 from kandev_es.cli_ops import register as register_ops
 from kandev_es.cli_usage import AT_LEAST_ONE, PORT, SECONDS, OneLineUsage, resolvable_host
 from kandev_es.config import Settings, load_settings
-from kandev_es.errors import InvalidSetting, KandevError
+from kandev_es.errors import InvalidSetting, KandevError, http_status
 from kandev_es.services.release import NO_HOLDER
 
 

@@ -3,8 +3,9 @@ from ``Failure``.
 
 - ``KandevError``: a failure answered to the caller — one class per failure,
   a machine-readable ``code``, a message and details. All of them are here.
-  No transport status: the adapters map each class once (api/errors.py to an
-  HTTP status, mcp/errors.py to a tool error carrying that status).
+  Each family's HTTP status is in one table at the end (``http_status``);
+  the adapters use it (api/errors.py for the response, mcp/errors.py for a
+  tool error carrying that status), nothing below them does.
 - ``InternalError``: a signal one layer raises and another catches
   (VersionConflict, Fenced, StepFailed, DomainRuleBroken, ...). Each stays in
   the module of the layer that raises it; one that escapes is answered as a
@@ -52,6 +53,14 @@ class MalformedJson(BadRequest):
     code = "malformed_json"
 
 
+class InvalidText(BadRequest):
+    """A string in the request that cannot be stored as text: a lone surrogate
+    (no UTF-8 encoding) or NUL (PostgreSQL text, paths, argv and environment
+    cannot hold it). ``details.field`` names where it was."""
+
+    code = "invalid_text"
+
+
 class MalformedQuery(BadRequest):
     """The query string is not UTF-8 once percent-decoded."""
 
@@ -92,10 +101,25 @@ class ValidationFailed(KandevError):
     code = "validation_failed"
 
 
+class InvalidPath(ValidationFailed):
+    """A path the operating system cannot take: a component longer than 255
+    bytes, or the whole longer than 4096."""
+
+    code = "invalid_path"
+
+
 class RepositoryNotAllowed(ValidationFailed):
     """A repository path outside KANDEV_REPOSITORY_ROOTS (symlinks resolved)."""
 
     code = "repository_not_allowed"
+
+
+class RepositoryNotTopLevel(ValidationFailed):
+    """A repository path that is not the top of its own git work tree (a folder
+    inside an enclosing repository): git commands there would act on the
+    enclosing repository."""
+
+    code = "repository_not_top_level"
 
 
 class UnknownReference(ValidationFailed):
@@ -106,6 +130,13 @@ class OperationIdReused(ValidationFailed):
     """A release operation id already used to release another identity."""
 
     code = "operation_id_reused"
+
+
+class Unauthenticated(KandevError):
+    """No bearer token that authenticates, where the transport refuses the
+    request itself before any state (MCP over HTTP: no session, no transport)."""
+
+    code = "unauthenticated"
 
 
 class OperatorRequired(KandevError):
@@ -274,3 +305,27 @@ class InvalidSetting(KandevError):
     CLI reports it as a usage error (exit 2)."""
 
     code = "invalid_setting"
+
+
+# By family: a class answers with the status of its nearest listed ancestor.
+HTTP_STATUS: dict[type[KandevError], int] = {
+    BadRequest: 400,
+    Unauthenticated: 401,
+    OperatorRequired: 403,
+    NotFound: 404,
+    Conflict: 409,
+    RevisionMismatch: 412,
+    PayloadTooLarge: 413,
+    ValidationFailed: 422,
+    EffectFailed: 502,
+    Unavailable: 503,
+}
+
+
+def http_status(error: KandevError | type[KandevError]) -> int:
+    """The HTTP status of a typed error (or of its class); 500 for one of no
+    listed family (InvalidSetting, which only the CLI reports)."""
+    for family in (error if isinstance(error, type) else type(error)).__mro__:
+        if family in HTTP_STATUS:
+            return HTTP_STATUS[family]
+    return 500

@@ -1,4 +1,5 @@
-"""The task representation every entry point returns, defined once.
+"""The task and workspace representations every entry point returns, each
+defined once.
 
 ``TaskSchema`` is the contract: REST responses are dumped through it (and
 through the schemas that extend it), and OpenAPI is generated from it.
@@ -7,7 +8,11 @@ models and the feeds cannot drift from it. A field is read from the Task
 attribute of the same name unless its metadata names another
 (``task_attribute``), a ``date-time`` string is the attribute's ISO 8601
 form; ``external_id`` (not required, not nullable) is omitted,
-not null, on a task that holds none."""
+not null, on a task that holds none.
+
+``WorkspaceSchema`` is the workspace's: ``workspace_dto`` is that schema's dump
+of the aggregate, so REST (and its OpenAPI) shows every field the service
+holds, its WIP limit and the names of its registered repositories included."""
 
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ from typing import Any
 from marshmallow import Schema, fields, validate
 
 from kandev_es.domain.task import Task
+from kandev_es.domain.workspace import Workspace
 
 TASK_STATES = ["preparing", "active"]
 
@@ -84,3 +90,39 @@ def task_dto(task: Task) -> dict[str, Any]:
         if value is not None or not optional:
             dto[key] = value
     return dto
+
+
+class _Names(fields.List):  # type: ignore[type-arg]
+    """A list of names, sorted: the keys of a mapping (the workspace's
+    repository paths by name) or the names themselves."""
+
+    def _serialize(self, value: Any, attr: Any, obj: Any, **kwargs: Any) -> list[Any] | None:
+        if value is None:
+            return None
+        return super()._serialize(sorted(value), attr, obj, **kwargs)
+
+
+class WorkspaceSchema(Schema):
+    id = fields.UUID(required=True)
+    name = fields.String(required=True)
+    task_prefix = fields.String(required=True)
+    workflows = fields.Dict(keys=fields.String(), values=fields.List(fields.String()))
+    wip_limit = fields.Integer(
+        allow_none=True,
+        required=True,
+        metadata={"description": "most active tasks at once (PUT .../policy); null: no limit"},
+    )
+    repositories = _Names(
+        fields.String(),
+        required=True,
+        metadata={"description": "names of the registered repositories, sorted "
+                  "(with their paths: GET .../repositories)"},
+    )
+
+
+_WORKSPACE = WorkspaceSchema()
+
+
+def workspace_dto(workspace: Workspace) -> dict[str, Any]:
+    dumped: dict[str, Any] = _WORKSPACE.dump(workspace)
+    return dumped

@@ -25,14 +25,13 @@ from typing import Any
 
 import pytest
 
-from kandev_es.api.errors import http_status
 from kandev_es.bootstrap import Services, bootstrap
 from kandev_es.config import data_path
 from kandev_es.creation.outcomes import Outcome
 from kandev_es.domain.external_id import identity_id
 from kandev_es.domain.identity import Identity
 from kandev_es.domain.wip import WipLedger, wip_ledger_id
-from kandev_es.errors import KandevError
+from kandev_es.errors import KandevError, http_status
 from tests.integration.helpers import (
     branches,
     crash_create,

@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from kandev_es.api.errors import http_status
 from kandev_es.application import CONFLICT_ATTEMPTS
 from kandev_es.domain.workspace import Workspace
-from kandev_es.errors import Contended, WorkspaceNotFound
+from kandev_es.errors import Contended, WorkspaceNotFound, http_status
 
 
 def rival_sets_limit(services, workspace_id, limit: int) -> None:

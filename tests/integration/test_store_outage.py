@@ -9,10 +9,9 @@ import time
 
 import pytest
 
-from kandev_es.api.errors import http_status
 from kandev_es.bootstrap import bootstrap
 from kandev_es.config import Settings
-from kandev_es.errors import StoreUnavailable
+from kandev_es.errors import StoreUnavailable, http_status
 from kandev_es.storage.breaker import StoreBreaker
 from tests.support.postgres import start_cluster
 

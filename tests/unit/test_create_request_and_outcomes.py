@@ -14,12 +14,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kandev_es.api.errors import http_status
 from kandev_es.creation.outcomes import UNSETTLED_ADVICE, CreateResult, Outcome
 from kandev_es.creation.request import load_create_request
 from kandev_es.domain.identity import OUTCOME_CREATED, OUTCOME_CREATED_IDENTITY_LOST
 from kandev_es.domain.plan import CreationPlan
-from kandev_es.errors import ValidationFailed
+from kandev_es.errors import ValidationFailed, http_status
 
 WORKSPACE = uuid.UUID("0b5e2f0a-1c2d-4e5f-8a9b-0c1d2e3f4a5b")
 

@@ -1,4 +1,4 @@
-"""One error hierarchy (errors.py), mapped to HTTP once (api/errors.py): every
+"""One error hierarchy (errors.py), mapped to HTTP once (errors.http_status): every
 exception the package defines descends from ``Failure``; every failure answered
 to a caller is a ``KandevError`` defined in errors.py, carries no status of its
 own, and keeps the HTTP status it had when each module still set one."""
@@ -11,8 +11,7 @@ import inspect
 import pytest
 
 from kandev_es import errors
-from kandev_es.api.errors import http_status
-from kandev_es.errors import Failure, InternalError, KandevError
+from kandev_es.errors import Failure, InternalError, KandevError, http_status
 from tests.unit.test_layers import modules
 
 # The caller's side of the wire (client.py), click's own exception type, and
@@ -27,6 +26,7 @@ OUTSIDE = {
 STATUS = {
     400: "BadRequest MalformedJson MalformedQuery InvalidExternalId ExternalIdImmutable"
     " InvalidCursor MissingOperationId UnknownProjection NotRebuildable",
+    401: "Unauthenticated",
     403: "OperatorRequired",
     404: "NotFound TaskNotCreated WorkspaceDeleted TaskNotFound WorkspaceNotFound TokenNotFound"
     " IdentityNotFound CreationNotFound",
@@ -34,7 +34,8 @@ STATUS = {
     " AttachmentClaimed",
     412: "RevisionMismatch",
     413: "PayloadTooLarge",
-    422: "ValidationFailed RepositoryNotAllowed UnknownReference OperationIdReused",
+    422: "ValidationFailed RepositoryNotAllowed RepositoryNotTopLevel UnknownReference"
+    " OperationIdReused",
     500: "KandevError InvalidSetting",
     502: "EffectFailed RepositoryEffectFailed AgentLaunchFailed EffectUnproven",
     503: "Unavailable StreamLimitReached SchemaNotAttested StoreUnavailable CreationHandedOver"
@@ -85,6 +86,6 @@ def test_each_failure_keeps_its_http_status(status):
 def test_no_failure_carries_a_status_and_every_family_is_mapped():
     defined_exceptions()
     for cls in {KandevError} | subclasses(KandevError):
-        assert "status" not in vars(cls), f"{cls.__name__}: map it in api/errors.py HTTP_STATUS"
+        assert "status" not in vars(cls), f"{cls.__name__}: map it in errors.py HTTP_STATUS"
         if cls not in (KandevError, errors.InvalidSetting):
             assert http_status(cls("x")) != 500, f"{cls.__name__} is in no HTTP family"

@@ -22,13 +22,12 @@ import pytest
 from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
-from kandev_es.api.errors import http_status
 from kandev_es.domain.external_id import (
     MAX_EXTERNAL_ID_BYTES,
     identity_id,
     normalize_external_id,
 )
-from kandev_es.errors import BadRequest, InvalidExternalId
+from kandev_es.errors import BadRequest, InvalidExternalId, http_status
 
 ASCII_CONTROLS = [chr(code) for code in range(0x20)] + ["\x7f"]
 # Whitespace (str.isspace) that is *not* an ASCII control: these are trimmed.

@@ -28,9 +28,10 @@ LAYERS: tuple[tuple[tuple[str, ...], ...], ...] = (
     (("creation",),),
     (("services",), ("runtime",)),
     (("bootstrap",),),
-    (("api",), ("agentctl",), ("client",)),
-    # MCP answers with the REST error contract: its status comes from api/errors.py.
-    (("mcp",),),
+    # MCP answers with the REST error contract through errors.http_status, not
+    # through api/ (which would build the whole Flask app): the two never import
+    # each other.
+    (("api",), ("agentctl",), ("client",), ("mcp",)),
     (("cli", "cli_ops", "cli_agentctl", "cli_usage", "server", "http_worker"),),
 )
 
@@ -140,6 +141,12 @@ def test_an_upward_import_is_caught():
     assert violations(
         "kandev_es.runtime.recovery", imports_of("kandev_es.runtime.recovery", lazy, False, known)
     )
+    flask_app = "from kandev_es.api.errors import register\n"
+    assert violations(
+        "kandev_es.mcp.errors", imports_of("kandev_es.mcp.errors", flask_app, False, known)
+    ) == [
+        "kandev_es.mcp.errors (mcp) imports kandev_es.api.errors (api): another group of its layer"
+    ]
     sideways = "from kandev_es.runtime.recovery import Runtime\n"
     assert violations(
         "kandev_es.services.tasks", imports_of("kandev_es.services.tasks", sideways, False, known)
@@ -147,3 +154,20 @@ def test_an_upward_import_is_caught():
         "kandev_es.services.tasks (services) imports kandev_es.runtime.recovery (runtime):"
         " another group of its layer"
     ]
+
+
+def test_the_mcp_adapter_loads_without_the_flask_app():
+    """MCP's error statuses come from errors.py: importing the MCP server builds
+    no part of the REST app (kandev_es.api, Flask, flask-smorest)."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, kandev_es.mcp.server\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('flask', 'flask_smorest')"
+        " or m.startswith('kandev_es.api')))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT
+    ).stdout.strip()
+    assert loaded == "[]"

@@ -3,22 +3,37 @@
 psycopg_pool has no public option for handing out connections LIFO or for a
 constant reconnection delay, and eventsourcing has no public hook around its
 insert or its retry decorator, so storage/pools.py, storage/reconnect.py and
-storage/recorders.py use these names. setup.cfg pins the versions; when an
-upgrade renames one of them, these tests say which and where it is used."""
+storage/recorders.py use these names; api/tasks.py keeps flask-smorest's
+``_apidoc`` and api/answers.py and creation/request.py read marshmallow's
+``Schema._hooks``. setup.cfg bounds each of these libraries above; when an
+upgrade renames one of the names, these tests say which and where it is used.
+
+Each canary runs on every install its library is on: only the ones about
+psycopg and eventsourcing's PostgreSQL module skip without the postgres extra
+(a test below runs this module with psycopg hidden to hold that)."""
 
 from __future__ import annotations
 
 import inspect
+import os
+import subprocess
+import sys
 from collections import deque
+from pathlib import Path
 from typing import Any
 
 import pytest
+from eventsourcing.sqlite import SQLiteApplicationRecorder
 
-psycopg_pool = pytest.importorskip("psycopg_pool")
-postgres = pytest.importorskip("eventsourcing.postgres")
+try:
+    from eventsourcing import postgres
+    from psycopg_pool import ConnectionPool
+except ImportError:  # the SQLite-only install: no postgres extra
+    postgres = None
 
-from eventsourcing.sqlite import SQLiteApplicationRecorder  # noqa: E402
-from psycopg_pool import ConnectionPool  # noqa: E402
+needs_psycopg = pytest.mark.skipif(
+    postgres is None, reason="psycopg internals: only with the postgres extra"
+)
 
 
 def _changed(library: str, name: str, user: str) -> str:
@@ -26,6 +41,7 @@ def _changed(library: str, name: str, user: str) -> str:
             f"rework {user} before raising the version bound in setup.cfg")
 
 
+@needs_psycopg
 def test_pool_picks_ready_connections_in_one_overridable_method() -> None:
     method = getattr(ConnectionPool, "_get_ready_connection", None)
     assert method is not None, _changed(
@@ -34,6 +50,7 @@ def test_pool_picks_ready_connections_in_one_overridable_method() -> None:
         "psycopg_pool", "_get_ready_connection(self, timeout)", "storage/pools.py")
 
 
+@needs_psycopg
 def test_pool_keeps_idle_connections_in_a_deque_with_a_low_water_mark() -> None:
     pool: ConnectionPool[Any] = ConnectionPool("", open=False)
     assert isinstance(getattr(pool, "_pool", None), deque), _changed(
@@ -42,6 +59,7 @@ def test_pool_keeps_idle_connections_in_a_deque_with_a_low_water_mark() -> None:
         "psycopg_pool", "ConnectionPool._nconns_min", "storage/pools.py")
 
 
+@needs_psycopg
 def test_pool_reads_its_backoff_from_class_attributes() -> None:
     base = pytest.importorskip("psycopg_pool.base")
     attempt = getattr(base, "AttemptWithBackoff", None)
@@ -52,6 +70,7 @@ def test_pool_reads_its_backoff_from_class_attributes() -> None:
             "psycopg_pool", f"AttemptWithBackoff.{name}", "storage/reconnect.py")
 
 
+@needs_psycopg
 @pytest.mark.parametrize("owner, name", [
     ("PostgresAggregateRecorder", "select_events"),
     ("PostgresApplicationRecorder", "select_notifications"),
@@ -77,7 +96,6 @@ def test_sqlite_recorder_inserts_through_one_overridable_method() -> None:
         "eventsourcing", "_insert_events(..., **kwargs)", "storage/sqlite_recorder.py")
 
 
-
 def test_sqlite_pool_hands_out_writers_through_overridable_methods(tmp_path: Any) -> None:
     from eventsourcing.sqlite import SQLiteConnectionPool, SQLiteDatastore
 
@@ -101,6 +119,7 @@ def test_sqlite_pool_hands_out_writers_through_overridable_methods(tmp_path: Any
         datastore.pool.close()
 
 
+@needs_psycopg
 @pytest.mark.parametrize("owner, method, attribute", [
     # recorders.py replaces the statement with named columns; renamed, the
     # library would silently go back to its own SELECT *.
@@ -116,6 +135,7 @@ def test_postgres_recorder_reads_the_statements_recorders_py_replaces(owner: str
         "eventsourcing", f"{owner}.{method} reading {attribute}", "storage/recorders.py")
 
 
+@needs_psycopg
 def test_a_live_event_store_pool_can_switch_to_most_recent_first() -> None:
     """storage/pools.py swaps the class of the pool eventsourcing built: the
     subclass must keep its layout (no __slots__ added upstream), and the
@@ -173,6 +193,7 @@ def test_the_library_save_does_only_what_tasks_write_does() -> None:
             "eventsourcing", f"a no-op {hook.__qualname__}", user)
 
 
+@needs_psycopg
 def test_recorders_map_psycopg_errors_as_the_librarys_get_connection_does() -> None:
     """storage/recorders.py gets its pooled connections without the library's
     datastore.get_connection and maps psycopg's errors itself (an
@@ -219,3 +240,104 @@ def test_flask_smorest_documents_from_apidoc_and_passes_a_response_through() -> 
         served = view()
     assert served is answer and served.status_code == 201, _changed(
         "flask_smorest", "a view's Response returned as is", user)
+
+
+def test_marshmallow_lists_a_schemas_hooks_in_hooks_empty_when_it_has_none() -> None:
+    """api/answers.py and creation/request.py load and dump a create without
+    marshmallow only for a schema with no hook at all, which they tell by
+    every list of ``Schema._hooks`` being empty; a field's own processors are
+    its ``pre_load``/``post_load`` lists (marshmallow 4.3)."""
+    from marshmallow import (
+        Schema,
+        fields,
+        post_dump,
+        post_load,
+        pre_dump,
+        pre_load,
+        validates,
+        validates_schema,
+    )
+
+    from kandev_es.creation.outcomes import CreateTaskResponseSchema
+    from kandev_es.creation.request import CreateTaskRequestSchema
+
+    users = "api/answers.py (_plain_kinds), creation/request.py (_plain_rules)"
+
+    class Plain(Schema):
+        name = fields.String()
+
+    for schema in (Plain(), CreateTaskRequestSchema(), CreateTaskResponseSchema()):
+        hooks = getattr(schema, "_hooks", None)
+        assert isinstance(hooks, dict) and not any(hooks.values()), _changed(
+            "marshmallow", "Schema._hooks (empty lists without hooks)", users)
+
+    def hooked(decorator: Any) -> Schema:
+        class Hooked(Schema):
+            name = fields.String()
+
+            @decorator
+            def hook(self, data: Any, **kwargs: Any) -> Any:
+                return data
+
+        return Hooked()
+
+    for decorator in (pre_load, post_load, pre_dump, post_dump, validates_schema,
+                      validates("name")):
+        assert any(hooked(decorator)._hooks.values()), _changed(
+            "marshmallow", f"Schema._hooks listing a {decorator!r} hook", users)
+
+    field = fields.String(pre_load=[str.strip])
+    assert list(field.pre_load) == [str.strip] and list(fields.String().post_load) == [], _changed(
+        "marshmallow", "Field.pre_load/post_load", "creation/request.py (_plain)")
+
+
+def test_the_canaries_that_need_no_postgresql_run_without_psycopg() -> None:
+    """With psycopg hidden (a SQLite-only install) this module still runs every
+    canary but the PostgreSQL ones: none is skipped for want of psycopg."""
+    root = Path(__file__).resolve().parents[2]
+    program = (
+        "import sys; sys.modules.update(psycopg=None, psycopg_pool=None)\n"
+        "import pytest\n"
+        f"raise SystemExit(pytest.main([{__file__!r}, '-q', '-p', 'no:xdist', '-p',"
+        " 'no:cacheprovider', '-k', 'not without_psycopg', '-rA']))\n"
+    )
+    # Any URL: conftest then starts no cluster, and no canary connects.
+    env = os.environ | {"KANDEV_TEST_DATABASE_URL": "postgresql://unused/none"}
+    run = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                         cwd=root, env=env, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    passed = {line.split("::")[1].split("[")[0] for line in run.stdout.splitlines()
+              if line.startswith("PASSED ")}
+    expected = {
+        name for name, test in globals().items()
+        if name.startswith("test_") and name != "test_the_canaries_that_need_no_postgresql_run"
+        "_without_psycopg" and needs_psycopg.mark not in getattr(test, "pytestmark", [])
+    }
+    assert len(expected) >= 5 and passed == expected, run.stdout
+    assert "SKIPPED" in run.stdout  # the PostgreSQL ones: psycopg was hidden
+
+
+@needs_psycopg
+def test_event_store_pool_is_built_closed_and_connects_with_its_conninfo_and_kwargs() -> None:
+    """storage/recorders.KandevPostgresFactory swaps the library pool's
+    conninfo and kwargs after the factory built it: that only works while the
+    pool is still closed and its _connect reads those two attributes."""
+    factory = postgres.PostgresFactory({
+        "POSTGRES_DBNAME": "db", "POSTGRES_HOST": "h", "POSTGRES_PORT": "1",
+        "POSTGRES_USER": "u", "POSTGRES_PASSWORD": "",
+    })
+    pool = factory.datastore.pool
+    assert pool.closed, _changed(
+        "eventsourcing", "PostgresDatastore's pool built closed (open=False)",
+        "storage/recorders.py")
+    # What the factory does: the pool then connects where conninfo says (a
+    # refused port on loopback), not to the host "h" it was built with.
+    pool.conninfo = "host=127.0.0.1 port=1 connect_timeout=2"
+    pool.kwargs = {}
+    import psycopg
+
+    with pytest.raises(psycopg.OperationalError) as refused:
+        pool._connect()
+    assert "127.0.0.1" in str(refused.value) and '"h"' not in str(refused.value), _changed(
+        "psycopg_pool", "ConnectionPool._connect reading .conninfo and .kwargs",
+        "storage/recorders.py")

@@ -1,6 +1,6 @@
-"""The one mapping from typed errors to HTTP statuses and responses. The MCP
-adapter reports the same status (mcp/errors.py); nothing below the adapters
-knows any status."""
+"""Typed errors as HTTP responses: the status from the one table beside the
+errors (kandev_es.errors.http_status), which the MCP adapter reports too
+(mcp/errors.py); nothing below the adapters reads a status."""
 
 from __future__ import annotations
 
@@ -10,42 +10,9 @@ from flask import Flask, jsonify
 from flask.typing import ResponseReturnValue
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
-from kandev_es.errors import (
-    BadRequest,
-    Conflict,
-    EffectFailed,
-    KandevError,
-    NotFound,
-    OperatorRequired,
-    PayloadTooLarge,
-    RevisionMismatch,
-    Unavailable,
-    ValidationFailed,
-)
+from kandev_es.errors import KandevError, PayloadTooLarge, http_status
 
 log = logging.getLogger("kandev_es.api")
-
-# By family: a class answers with the status of its nearest listed ancestor.
-HTTP_STATUS: dict[type[KandevError], int] = {
-    BadRequest: 400,
-    OperatorRequired: 403,
-    NotFound: 404,
-    Conflict: 409,
-    RevisionMismatch: 412,
-    PayloadTooLarge: 413,
-    ValidationFailed: 422,
-    EffectFailed: 502,
-    Unavailable: 503,
-}
-
-
-def http_status(error: KandevError | type[KandevError]) -> int:
-    """The HTTP status of a typed error (or of its class); 500 for one of no
-    listed family (InvalidSetting, which only the CLI reports)."""
-    for family in (error if isinstance(error, type) else type(error)).__mro__:
-        if family in HTTP_STATUS:
-            return HTTP_STATUS[family]
-    return 500
 
 
 def _kandev_error(error: KandevError) -> ResponseReturnValue:

@@ -47,13 +47,6 @@ class TaskPatchRequestSchema(TaskPatchSchema):
     with (its limits, unknown fields refused), under its OpenAPI name."""
 
 
-class WorkspaceSchema(Schema):
-    id = fields.UUID(required=True)
-    name = fields.String(required=True)
-    task_prefix = fields.String(required=True)
-    workflows = fields.Dict(keys=fields.String(), values=fields.List(fields.String()))
-
-
 class WorkspaceDeletionSchema(Schema):
     workspace_id = fields.UUID(required=True)
     deletion_generation = fields.Integer(required=True)

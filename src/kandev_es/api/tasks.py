@@ -19,11 +19,10 @@ from kandev_es.api.context import (
     principal,
     services,
 )
-from kandev_es.api.errors import http_status
 from kandev_es.creation.request import CreateTaskRequestSchema
 from kandev_es.domain.external_id import normalize_external_id, require_external_id
 from kandev_es.domain.principal import require_operator
-from kandev_es.errors import BadRequest, TaskNotFound
+from kandev_es.errors import BadRequest, TaskNotFound, http_status
 from kandev_es.limits import stored_integer
 from kandev_es.services.release import NO_HOLDER
 from kandev_es.views import task_dto

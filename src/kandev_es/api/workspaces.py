@@ -11,7 +11,7 @@ from kandev_es.api import schemas
 from kandev_es.api.context import json_object, path_uuid, principal, services
 from kandev_es.domain.principal import Principal, require_operator
 from kandev_es.errors import BadRequest, ValidationFailed, WorkspaceNotFound
-from kandev_es.services.workspaces import workspace_dto
+from kandev_es.views import WorkspaceSchema, workspace_dto
 
 blp = Blueprint("workspaces", __name__, url_prefix="/api/v1", description="Workspaces, tokens")
 
@@ -42,7 +42,7 @@ class WorkspaceCollection(MethodView):
             "content": {"application/json": {"schema": schemas.WorkspaceCreateSchema}},
         }
     )
-    @blp.response(201, schemas.WorkspaceSchema)
+    @blp.response(201, WorkspaceSchema)
     def post(self) -> dict[str, Any]:
         _admin()
         body = _load(schemas.WorkspaceCreateSchema, json_object())
@@ -52,7 +52,7 @@ class WorkspaceCollection(MethodView):
 
 @blp.route("/workspaces/<workspace_id>")
 class WorkspaceItem(MethodView):
-    @blp.response(200, schemas.WorkspaceSchema)
+    @blp.response(200, WorkspaceSchema)
     def get(self, workspace_id: str) -> dict[str, Any]:
         target = path_uuid(workspace_id, "workspace id")
         who = principal()

@@ -13,8 +13,10 @@ WORKSPACE_NAMESPACE = uuid.UUID("0d4f3b7e-8a51-4b61-9a0e-5c1f7d2e9b33")
 DEFAULT_WORKFLOWS: dict[str, list[str]] = {
     "default": ["backlog", "in_progress", "review", "done"],
 }
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-PREFIX_PATTERN = re.compile(r"^[A-Z][A-Z0-9]{0,9}$")
+# Both are matched in full (fullmatch), never with "$" (it matches before a trailing newline).
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+PREFIX_PATTERN = re.compile(r"[A-Z][A-Z0-9]{0,9}")
+REPOSITORY_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 
 
 def workspace_id_for(name: str, incarnation: int = 0) -> uuid.UUID:
@@ -62,6 +64,9 @@ class Workspace(Aggregate):
         )
 
     def register_repository(self, name: str, path: str) -> None:
+        if not REPOSITORY_NAME_PATTERN.fullmatch(name):
+            # Names become step names, branch config keys and worktree paths.
+            raise DomainRuleBroken("repository name must be letters, digits, '_', '.', '-'")
         if name in self.repositories:
             raise DomainRuleBroken(f"repository {name!r} is already registered")
         self.trigger_event(self.RepositoryRegistered, name=name, path=path)

@@ -1,9 +1,9 @@
 """The one mapping from typed errors to MCP tool results.
 
 A failure is a tool result with ``isError: true`` whose structured content is
-the REST error body plus its HTTP ``status`` (from api/errors.py, the one
-table): callers branch on the same machine-readable ``error`` code over REST
-and MCP."""
+the REST error body plus its HTTP ``status`` (``kandev_es.errors.http_status``,
+the one table REST answers with too): callers branch on the same
+machine-readable ``error`` code over REST and MCP."""
 
 from __future__ import annotations
 
@@ -13,8 +13,7 @@ from typing import Any
 
 from mcp_types import CallToolResult, TextContent
 
-from kandev_es.api.errors import http_status
-from kandev_es.errors import KandevError
+from kandev_es.errors import KandevError, http_status
 
 log = logging.getLogger("kandev_es.mcp")
 

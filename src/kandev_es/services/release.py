@@ -24,7 +24,7 @@ from kandev_es.errors import (
 from kandev_es.storage.attestation import AttestationGuard
 from kandev_es.views import task_dto
 
-OPERATION_ID = re.compile(r"^[\x21-\x7e]{1,200}$")
+OPERATION_ID = re.compile(r"[\x21-\x7e]{1,200}")  # fullmatch: no trailing newline
 ATTEMPTS = 16
 # What a release of an identity with no holder answers (and stores).
 NO_HOLDER = TaskNotFound
@@ -43,7 +43,7 @@ class ReleaseResult:
 def validate_operation_id(raw: str | None) -> str:
     if raw is None or raw == "":
         raise MissingOperationId("Idempotency-Key (the release operation id) is required")
-    if not OPERATION_ID.match(raw):
+    if not OPERATION_ID.fullmatch(raw):
         raise MissingOperationId("Idempotency-Key must be 1-200 printable ASCII characters")
     return raw
 

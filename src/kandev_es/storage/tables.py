@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-_NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
+_NAME = re.compile(r"[a-z_][a-z0-9_]*")
 
 
 class TableSet:
@@ -17,7 +17,7 @@ class TableSet:
     tables: tuple[str, ...] = ()
 
     def __init__(self, suffix: str = "") -> None:
-        if suffix and not _NAME.match(suffix.lstrip("_")):
+        if suffix and not _NAME.fullmatch(suffix.lstrip("_")):
             raise ValueError(f"bad table suffix {suffix!r}")
         self.suffix = suffix
 

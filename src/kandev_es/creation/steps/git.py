@@ -49,3 +49,15 @@ def is_repository(path: Path | str) -> bool:
     inside = git(path, "rev-parse", "--is-inside-work-tree", check=False)
     head = git(path, "rev-parse", "--verify", "--quiet", "HEAD", check=False)
     return inside.returncode == 0 and head.returncode == 0
+
+
+def is_work_tree_top(path: Path | str) -> bool:
+    """``path`` is the top of its own git work tree: not a plain folder inside
+    an enclosing repository's work tree (whose branches, worktrees and config
+    a command run there would change instead)."""
+    if not Path(path).is_dir():
+        return False
+    top = git(path, "rev-parse", "--show-toplevel", check=False)
+    if top.returncode != 0 or not top.stdout.strip():
+        return False
+    return Path(top.stdout.strip()).resolve() == Path(path).resolve()

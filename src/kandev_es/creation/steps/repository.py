@@ -16,9 +16,10 @@ from kandev_es.creation.steps.git import (
     branch_exists,
     branch_marker,
     git,
+    is_work_tree_top,
     worktree_paths,
 )
-from kandev_es.errors import BranchTaken, RepositoryEffectFailed
+from kandev_es.errors import BranchTaken, RepositoryEffectFailed, RepositoryNotTopLevel
 
 
 class RepositoryStep:
@@ -44,6 +45,16 @@ class RepositoryStep:
 
     def run(self, ctx: StepContext) -> dict[str, Any]:
         branch, worktree, task = self.branch(ctx), self.worktree(ctx), str(ctx.task_id)
+        if not is_work_tree_top(self.path):
+            # Checked again here, before any git command: a folder inside an
+            # enclosing work tree (registered by an older version, or replaced
+            # since) would put our branch, worktree and config in that repository.
+            raise StepFailed(
+                RepositoryNotTopLevel(
+                    f"repository {self.repository!r} is not the top of its own git work tree",
+                    field="repositories",
+                )
+            )
         try:
             marker = branch_marker(self.path, branch)
             if branch_exists(self.path, branch) and marker != task:
@@ -60,10 +71,13 @@ class RepositoryStep:
                 git(self.path, "worktree", "add", str(worktree), branch)
             return self._evidence(ctx)
         except GitError as error:
-            raise StepFailed(RepositoryEffectFailed(str(error))) from None
+            failed = RepositoryEffectFailed(f"the {self.repository} repository step failed")
+            raise StepFailed(failed, detail=str(error)) from None
 
     def _repository_gone(self) -> bool:
-        return not Path(self.path).is_dir()
+        """No repository of ours at the path: gone, or (never ours to touch) not
+        the top of its own work tree."""
+        return not is_work_tree_top(self.path)
 
     def reconcile(self, ctx: StepContext) -> dict[str, Any] | None:
         if self._repository_gone():
@@ -80,7 +94,8 @@ class RepositoryStep:
     def compensate(self, ctx: StepContext) -> None:
         branch, worktree, task = self.branch(ctx), self.worktree(ctx), str(ctx.task_id)
         if self._repository_gone():
-            # Nothing of ours can be left in a repository that no longer exists.
+            # Nothing of ours can be left in a repository that no longer exists,
+            # and an enclosing repository is never touched.
             shutil.rmtree(worktree, ignore_errors=True)
             return
         # The marker is written before the branch is made, so a branch without
