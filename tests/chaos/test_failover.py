@@ -159,11 +159,12 @@ def test_two_api_nodes_ride_unplanned_and_planned_failovers_losing_nothing(
     assert init.returncode == 0, init.stderr
     assert init.stdout.splitlines()[1].startswith("durable: 1 synchronous standby"), init.stdout
 
-    env = {"KANDEV_LEASE_SECONDS": str(LEASE_S), "KANDEV_LOG_LEVEL": "WARNING"}
     (tmp_path / "logs-a").mkdir()
     (tmp_path / "logs-b").mkdir()
-    node_a = ServedProcess(settings_a, tmp_path / "logs-a", workers=WORKERS, **env)
-    node_b = ServedProcess(settings_b, tmp_path / "logs-b", workers=WORKERS, **env)
+    node_a = ServedProcess(settings_a, tmp_path / "logs-a", workers=WORKERS,
+                           KANDEV_LEASE_SECONDS=str(LEASE_S), KANDEV_LOG_LEVEL="WARNING")
+    node_b = ServedProcess(settings_b, tmp_path / "logs-b", workers=WORKERS,
+                           KANDEV_LEASE_SECONDS=str(LEASE_S), KANDEV_LOG_LEVEL="WARNING")
     loads: list[CreateLoad] = []
     figures: dict[str, Any] = {"failovers": []}
     windows: list[tuple[float, float]] = []
@@ -263,3 +264,97 @@ def check_the_end_state(
     assert not missing, f"acknowledged Created without a task.created: {missing[:5]}"
     verify = run_cli(settings, "audit", "verify")
     assert verify.returncode == 0, verify.stdout + verify.stderr
+
+
+def _workspace(base: str, token: str, name: str, wip_limit: int | None = None) -> str:
+    made = http("POST", base + "/api/v1/workspaces", token,
+                {"name": name, "task_prefix": name[:3].upper()})
+    assert made.status == 201, made
+    if wip_limit is not None:  # a policy step on every create: a kill can leave one preparing
+        policy = http("PUT", f"{base}/api/v1/workspaces/{made.body['id']}/policy", token,
+                      {"wip_limit": wip_limit})
+        assert policy.status == 200, policy
+    return str(made.body["id"])
+
+
+def in_flight_creations(settings: Settings, workspaces: list[str]) -> int:
+    services = inspect(settings)
+    try:
+        services.projections.catch_up()
+        with services.database.transaction() as tx:
+            return sum(
+                len(tx.execute("SELECT 1 FROM creations_view WHERE workspace_id = ?", (w,)))
+                for w in workspaces)
+    finally:
+        services.close()
+
+
+@pytest.mark.timeout(600)
+def test_a_killed_api_node_leaves_its_creations_to_the_other_nodes_runtime(
+    tmp_path: Path,
+) -> None:
+    """Two API nodes on one database (the suite's server: this is about the
+    nodes); node B is SIGKILLed (its whole process group) mid-load. Node A
+    serves on without an error, and its Runtime settles every creation B left
+    in flight within the lease plus a few Runtime scans, each exactly once
+    (the WIP ledger holds one slot per live task), nothing acknowledged lost."""
+    from tests.conftest import postgres_admin_url
+
+    started = time.monotonic()
+    separator = "&" if "?" in postgres_admin_url() else "?"
+    url = f"{postgres_admin_url()}{separator}schema=nodes_{uuid.uuid4().hex[:8]}"
+    settings_a = Settings(data_dir=tmp_path / "a", database_url=url)
+    settings_b = Settings(data_dir=tmp_path / "b", database_url=url)
+    assert run_cli(settings_a, "db", "init").returncode == 0
+    (tmp_path / "logs-a").mkdir()
+    (tmp_path / "logs-b").mkdir()
+    node_a = ServedProcess(settings_a, tmp_path / "logs-a", workers=WORKERS,
+                           KANDEV_LEASE_SECONDS=str(LEASE_S), KANDEV_LOG_LEVEL="WARNING")
+    node_b = ServedProcess(settings_b, tmp_path / "logs-b", workers=WORKERS,
+                           KANDEV_LEASE_SECONDS=str(LEASE_S), KANDEV_LOG_LEVEL="WARNING")
+    figures: dict[str, Any] = {}
+    try:
+        token = node_a.token
+        assert token is not None
+        b_workspaces = [_workspace(node_a.base, token, "bplain"),
+                        _workspace(node_a.base, token, "bstepped", wip_limit=100_000)]
+        load_a = CreateLoad(node_a.base, token, [node_a.workspace_id], prefix="NA",
+                            clients=SHORT.clients, timeout=CLIENT_TIMEOUT_S).start()
+        load_b = CreateLoad(node_b.base, token, b_workspaces, prefix="NB",
+                            clients=SHORT.clients, timeout=CLIENT_TIMEOUT_S).start()
+        try:
+            time.sleep(SHORT.warmup_s)
+            assert load_b.acknowledged(), summary(load_b.snapshot())
+            killed_at = time.monotonic()
+            os.killpg(node_b.process.pid, 9)
+            load_b.stop()
+            figures["in_flight_at_kill"] = in_flight_creations(settings_a, b_workspaces)
+            # Node A's Runtime settles what B left in flight (lease + scans),
+            # while A's own load goes on.
+            while in_flight_creations(settings_a, b_workspaces):
+                assert time.monotonic() - killed_at < LEASE_S + 20, "B's creations never settled"
+                time.sleep(0.2)
+            figures["settled_after_kill_s"] = round(time.monotonic() - killed_at, 1)
+            time.sleep(1.0)
+        finally:
+            load_b.stop()
+            load_a.stop()
+        # Node A's clients never noticed; node B's saw their connections drop.
+        assert_answers_are_typed(load_a.snapshot(), connection_errors_allowed=False)
+        assert_answers_are_typed(load_b.snapshot(), connection_errors_allowed=True)
+        load_b.base = node_a.base  # B's clients retry through A
+        services = inspect(settings_a)
+        try:
+            figures["node_b"] = assert_nothing_lost_or_doubled(
+                load_b, services, load_b.snapshot())
+            figures["node_a"] = assert_nothing_lost_or_doubled(
+                load_a, services, load_a.snapshot())
+        finally:
+            services.close()
+        figures["dropped_connections_b"] = sum(1 for a in load_b.snapshot() if a.status is None)
+        figures["node_a_load"] = summary(load_a.snapshot())
+    finally:
+        node_a.stop()
+        node_b.stop()
+    figures["test_s"] = round(time.monotonic() - started, 1)
+    report("api node SIGKILL", figures)
