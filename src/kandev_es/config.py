@@ -26,6 +26,13 @@ class Settings:
     # None: the CLI picks (WARNING for one-shot commands, INFO for serve).
     log_level: str | None = None
     lease_seconds: float = 30.0
+    # Bounded recovery (README "Creation steps, recovery, release"): a step
+    # whose effect is made but never proven runs at most step_attempts times;
+    # the Runtime takes one creation over at most recovery_attempts times, the
+    # n-th takeover waiting recovery_backoff_seconds * 2**(n-2) past the lease.
+    step_attempts: int = 3
+    recovery_attempts: int = 5
+    recovery_backoff_seconds: float = 5.0
     # Shell-style command line of the agent launched for start_agent tasks.
     agent_command: str = f"{sys.executable} -m kandev_es.agent.demo"
     public_url: str = "http://127.0.0.1:8000"
@@ -117,9 +124,23 @@ def _float(env: Mapping[str, str], name: str, default: float) -> float:
         raise InvalidSetting(f"{name} must be a number, got {raw!r}") from None
 
 
+def _at_least(name: str, value: float, minimum: float) -> None:
+    if not value >= minimum or value != value or value == float("inf"):
+        raise InvalidSetting(f"{name} must be a finite number >= {minimum:g}, got {value!r}")
+
+
 def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
     env = os.environ if environ is None else environ
+    step_attempts = _int(env, "KANDEV_STEP_ATTEMPTS", Settings.step_attempts)
+    recovery_attempts = _int(env, "KANDEV_RECOVERY_ATTEMPTS", Settings.recovery_attempts)
+    backoff = _float(env, "KANDEV_RECOVERY_BACKOFF_SECONDS", Settings.recovery_backoff_seconds)
+    _at_least("KANDEV_STEP_ATTEMPTS", step_attempts, 1)
+    _at_least("KANDEV_RECOVERY_ATTEMPTS", recovery_attempts, 1)
+    _at_least("KANDEV_RECOVERY_BACKOFF_SECONDS", backoff, 0)
     return Settings(
+        step_attempts=step_attempts,
+        recovery_attempts=recovery_attempts,
+        recovery_backoff_seconds=backoff,
         data_dir=Path(env.get("KANDEV_DATA_DIR") or ".kandev-es"),
         database_url=env.get("KANDEV_DATABASE_URL") or None,
         create_tables=_flag(env.get("KANDEV_CREATE_TABLES"), True),
