@@ -98,10 +98,11 @@ class PostgresLeadership:
     def _connect(self) -> Any:
         import psycopg
 
+        # The service's one conninfo (connect_timeout included): the lock is
+        # taken on the same server the stores write to.
         return psycopg.connect(
             self._url,
             autocommit=True,
-            connect_timeout=5,
             application_name=f"kandev-es-projection-leader-{os.getpid()}",
         )
 
@@ -153,7 +154,7 @@ class FileLeadership:
 
 def make_leadership(database: Database) -> Leadership:
     if isinstance(database, PostgresDatabase):
-        return PostgresLeadership(database.url, database.schema)
+        return PostgresLeadership(database.conninfo, database.schema)
     if isinstance(database, SQLiteDatabase):
         return FileLeadership(lock_path(database.path))
     raise TypeError(f"no projection leadership for {type(database).__name__}")

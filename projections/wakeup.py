@@ -58,7 +58,6 @@ class PostgresListener:
         connection = psycopg.connect(
             self._url,
             autocommit=True,
-            connect_timeout=5,
             application_name=f"kandev-es-listener-{os.getpid()}",
         )
         connection.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
@@ -97,7 +96,7 @@ class PostgresListener:
 
 
 def make_waker(app: Tasks, database: Database) -> Waker:
-    url = getattr(database, "url", None)
+    url = getattr(database, "conninfo", None)
     if database.backend != "postgres" or not url:
         return PollWaker()
     channel = str(getattr(app.recorder, "channel_name", "kandev_events"))

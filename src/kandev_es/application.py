@@ -23,7 +23,6 @@ from eventsourcing.persistence import (
 from kandev_es.config import Settings
 from kandev_es.errors import Contended, InternalError, StoreUnavailable
 from kandev_es.storage.breaker import StoreBreaker, means_unreachable
-from kandev_es.storage.database import parse_postgres_url
 from kandev_es.storage.sqlite_factory import SQLITE_FACTORY_TOPIC
 from kandev_es.storage.sqlite_recorder import SQLITE_RECORDER_TOPIC
 from kandev_es.storage.streams import StreamsAdvanced
@@ -109,13 +108,30 @@ AGGREGATE_CACHE = {
 
 def event_store_env(settings: Settings) -> dict[str, str]:
     create = "y" if settings.create_tables else "n"
-    if settings.database_url:
+    target = settings.postgres
+    if target is not None:
         # Only here: psycopg is the `postgres` extra, absent from a plain install.
-        from kandev_es.storage.recorders import POSTGRES_RECORDER_TOPIC
+        from kandev_es.storage.recorders import (
+            POSTGRES_CONNINFO,
+            POSTGRES_FACTORY_TOPIC,
+            POSTGRES_RECORDER_TOPIC,
+        )
 
-        env = parse_postgres_url(settings.database_url)
+        params = target.as_dict()
+        # The library insists on these four; its pool connects with the one
+        # conninfo instead (recorders.KandevPostgresFactory).
+        env = {
+            "POSTGRES_DBNAME": params.get("dbname", ""),
+            "POSTGRES_HOST": params.get("host", params.get("hostaddr", "")),
+            "POSTGRES_USER": params.get("user", ""),
+            "POSTGRES_PASSWORD": params.get("password", ""),
+            # Prefixed with the application's name, as the library looks it up
+            # first: a stray KANDEV_POSTGRES_CONNINFO in the environment loses.
+            f"KANDEV_{POSTGRES_CONNINFO}": target.conninfo,
+            "POSTGRES_SCHEMA": target.schema or "",
+        }
         env.update(
-            PERSISTENCE_MODULE="eventsourcing.postgres",
+            PERSISTENCE_MODULE=POSTGRES_FACTORY_TOPIC,
             POSTGRES_POOL_SIZE=str(settings.pool_size),
             POSTGRES_MAX_OVERFLOW=str(settings.pool_size),
             APPLICATION_RECORDER_TOPIC=POSTGRES_RECORDER_TOPIC,
@@ -126,7 +142,6 @@ def event_store_env(settings: Settings) -> dict[str, str]:
             POSTGRES_ENABLE_DB_FUNCTIONS="n",
             CREATE_TABLE=create,
         )
-        env.setdefault("POSTGRES_SCHEMA", "")
         env.update(AGGREGATE_CACHE)
         return env
     return {

@@ -28,13 +28,7 @@ from kandev_es.services.workspace_deletion import WorkspaceDeletionService
 from kandev_es.services.workspaces import WorkspaceService
 from kandev_es.storage.attestation import AttestationGuard
 from kandev_es.storage.breaker import StoreBreaker
-from kandev_es.storage.database import (
-    Database,
-    PostgresDatabase,
-    SQLiteDatabase,
-    base_postgres_url,
-    parse_postgres_url,
-)
+from kandev_es.storage.database import Database, PostgresDatabase, SQLiteDatabase
 from kandev_es.storage.schema import create_tables
 
 log = logging.getLogger("kandev_es")
@@ -80,11 +74,9 @@ class Services:
 
 
 def open_database(settings: Settings, breaker: StoreBreaker | None = None) -> Database:
-    if settings.database_url:
-        schema = parse_postgres_url(settings.database_url).get("POSTGRES_SCHEMA")
+    if settings.postgres is not None:
         return PostgresDatabase(
-            base_postgres_url(settings.database_url),
-            schema,
+            settings.postgres,
             pool_size=settings.pool_size,
             breaker=breaker,
             timeout=settings.pg_connect_timeout,

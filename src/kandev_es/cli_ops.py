@@ -123,7 +123,7 @@ def identity_history_command(workspace: str, external_id: str, as_json: bool, li
         normalized = normalize_external_id(external_id)
         if normalized is None:
             raise click.BadParameter("must not be empty", param_hint="--external-id")
-        history = identity_history(services.app, target, normalized)
+        history = identity_history(services.app, target, normalized, full=True)  # the host's own
         if as_json:
             click.echo(json.dumps(history, indent=2))
         else:

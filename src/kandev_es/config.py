@@ -6,8 +6,9 @@ import os
 import sys
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, replace
+from functools import cached_property
 from pathlib import Path
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from kandev_es.errors import InvalidSetting
 
@@ -72,6 +73,14 @@ class Settings:
     def sqlite_path(self) -> Path:
         return self.data_dir / "kandev.sqlite3"
 
+    @cached_property
+    def postgres(self) -> PostgresTarget | None:
+        """Where every PostgreSQL connection goes (None on SQLite); raises
+        ``InvalidSetting`` for a URL the service cannot honour."""
+        if not self.database_url:
+            return None
+        return postgres_target(self.database_url, self.pg_connect_timeout)
+
     @property
     def location(self) -> str:
         """Where the storage lives, safe to print: the SQLite file, or the
@@ -102,6 +111,119 @@ def redact_url(url: str) -> str:
         [(k, "***" if k == "password" else v) for k, v in parse_qsl(parts.query)], safe="*"
     )
     return urlunsplit(parts._replace(netloc=netloc, query=query))
+
+
+URL_SETTING = "KANDEV_DATABASE_URL"
+# Values of target_session_attrs that would send the service's writes to a standby.
+_READ_ONLY_TARGETS = ("read-only", "standby", "prefer-standby")
+
+
+@dataclass(frozen=True)
+class PostgresTarget:
+    """One libpq conninfo, derived once from the database URL, that every
+    PostgreSQL connection of the service uses: the event store's pool, the
+    read-model pool, LISTEN, the projection leader's lock, the CLI. Both
+    multi-host spellings (``h1:P1,h2:P2`` and ``?host=h1,h2&port=P1,P2``) and
+    every libpq parameter (``target_session_attrs``, ``connect_timeout``,
+    ``sslmode``, ...) come through unchanged. Our own ``schema`` parameter is
+    not libpq's: the read models' pool puts it on its ``search_path``
+    (``schema_conninfo``); the event store names the schema in its SQL."""
+
+    params: tuple[tuple[str, str], ...]
+    schema: str | None
+
+    @property
+    def conninfo(self) -> str:
+        from psycopg.conninfo import make_conninfo
+
+        return make_conninfo("", **dict(self.params))
+
+    @property
+    def schema_conninfo(self) -> str:
+        """``conninfo`` with the schema first on the ``search_path``, added to
+        the URL's own ``options`` if it has some."""
+        if not self.schema:
+            return self.conninfo
+        from psycopg.conninfo import make_conninfo
+
+        params = dict(self.params)
+        escaped = self.schema.replace("\\", "\\\\").replace(" ", "\\ ")
+        search_path = f"-c search_path={escaped}"
+        options = params.get("options")
+        params["options"] = f"{options} {search_path}" if options else search_path
+        return make_conninfo("", **params)
+
+    def as_dict(self) -> dict[str, str]:
+        return dict(self.params)
+
+
+def _split_schema(query: str) -> tuple[str, list[str]]:
+    """The query without our ``schema`` parameter (libpq rejects it), and its values."""
+    kept, schemas = [], []
+    for piece in query.split("&"):
+        if not piece:
+            continue
+        key, _, value = piece.partition("=")
+        if unquote(key) == "schema":
+            schemas.append(unquote(value))
+        else:
+            kept.append(piece)
+    return "&".join(kept), schemas
+
+
+def _check_hosts(params: Mapping[str, str]) -> None:
+    hosts = (params.get("host") or params.get("hostaddr") or "").split(",")
+    if "port" not in params:
+        return
+    ports = params["port"].split(",")
+    if len(ports) not in (1, len(hosts)):
+        raise InvalidSetting(
+            f"{URL_SETTING} names {len(hosts)} hosts but {len(ports)} ports"
+        )
+    for port in ports:
+        if port and not (port.isdigit() and 0 < int(port) < 65536):
+            raise InvalidSetting(f"{URL_SETTING} has an invalid port {port!r}")
+
+
+def postgres_target(url: str, connect_timeout: int = 1) -> PostgresTarget:
+    """Parse ``url`` once, with libpq's own parser; ``InvalidSetting`` (one line,
+    exit 2 from the CLI) for anything the service cannot honour, before any
+    connection is tried. ``connect_timeout`` (seconds, at least libpq's 2) and,
+    for a host list, ``target_session_attrs=read-write`` are added unless the
+    URL sets them."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("postgres", "postgresql"):
+        raise InvalidSetting(f"{URL_SETTING} must be a postgresql:// URL, got {redact_url(url)!r}")
+    query, schemas = _split_schema(parts.query)
+    # Rebuilt by hand: urlunsplit drops the empty authority of postgresql:///db.
+    libpq_url = url.partition("?")[0] + (f"?{query}" if query else "")
+    if len(schemas) > 1 or (schemas and not schemas[0].strip()):
+        raise InvalidSetting(f"{URL_SETTING} must name at most one non-empty schema")
+    try:
+        import psycopg
+        from psycopg.conninfo import conninfo_to_dict
+    except ImportError:
+        raise InvalidSetting(
+            f"{URL_SETTING} needs the postgres extra: pip install 'kandev-es[postgres]'"
+        ) from None
+    try:
+        parsed = conninfo_to_dict(libpq_url)
+    except psycopg.Error as error:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise InvalidSetting(f"{URL_SETTING} is not a URL libpq accepts: {reason}") from None
+    params = {key: str(value) for key, value in parsed.items() if value is not None}
+    _check_hosts(params)
+    attrs = params.get("target_session_attrs")
+    if attrs in _READ_ONLY_TARGETS:
+        raise InvalidSetting(
+            f"{URL_SETTING} has target_session_attrs={attrs}: the service writes, "
+            "use read-write (or primary)"
+        )
+    if attrs is None and "," in (params.get("host") or params.get("hostaddr") or ""):
+        params["target_session_attrs"] = "read-write"
+    params.setdefault("connect_timeout", str(max(2, connect_timeout)))
+    schema = schemas[0] if schemas else None
+    return PostgresTarget(tuple(sorted(params.items())), schema)
 
 
 def _raw(env: Mapping[str, str], name: str) -> str | None:
@@ -137,7 +259,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
     _at_least("KANDEV_STEP_ATTEMPTS", step_attempts, 1)
     _at_least("KANDEV_RECOVERY_ATTEMPTS", recovery_attempts, 1)
     _at_least("KANDEV_RECOVERY_BACKOFF_SECONDS", backoff, 0)
-    return Settings(
+    settings = Settings(
         step_attempts=step_attempts,
         recovery_attempts=recovery_attempts,
         recovery_backoff_seconds=backoff,
@@ -166,6 +288,8 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
             name.strip() for name in (env.get("KANDEV_AGENT_ENV") or "").split(",") if name.strip()
         ),
     )
+    settings.postgres  # noqa: B018 -- a URL it cannot honour fails here, before any connection
+    return settings
 
 
 # What every agent gets from the server's environment; everything else is left

@@ -53,6 +53,14 @@ class MalformedJson(BadRequest):
     code = "malformed_json"
 
 
+class InvalidText(BadRequest):
+    """A string in the request that cannot be stored as text: a lone surrogate
+    (no UTF-8 encoding) or NUL (PostgreSQL text, paths, argv and environment
+    cannot hold it). ``details.field`` names where it was."""
+
+    code = "invalid_text"
+
+
 class MalformedQuery(BadRequest):
     """The query string is not UTF-8 once percent-decoded."""
 
@@ -93,6 +101,13 @@ class ValidationFailed(KandevError):
     code = "validation_failed"
 
 
+class InvalidPath(ValidationFailed):
+    """A path the operating system cannot take: a component longer than 255
+    bytes, or the whole longer than 4096."""
+
+    code = "invalid_path"
+
+
 class RepositoryNotAllowed(ValidationFailed):
     """A repository path outside KANDEV_REPOSITORY_ROOTS (symlinks resolved)."""
 
@@ -115,6 +130,13 @@ class OperationIdReused(ValidationFailed):
     """A release operation id already used to release another identity."""
 
     code = "operation_id_reused"
+
+
+class Unauthenticated(KandevError):
+    """No bearer token that authenticates, where the transport refuses the
+    request itself before any state (MCP over HTTP: no session, no transport)."""
+
+    code = "unauthenticated"
 
 
 class OperatorRequired(KandevError):
@@ -288,6 +310,7 @@ class InvalidSetting(KandevError):
 # By family: a class answers with the status of its nearest listed ancestor.
 HTTP_STATUS: dict[type[KandevError], int] = {
     BadRequest: 400,
+    Unauthenticated: 401,
     OperatorRequired: 403,
     NotFound: 404,
     Conflict: 409,

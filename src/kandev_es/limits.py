@@ -1,14 +1,25 @@
-"""Input limits checked before anything parses or uses the input: JSON nesting
-depth, feed cursors and UTF-8 in the query string. Each failure is a typed 400,
-never a RecursionError or an OverflowError deeper down."""
+"""Input limits checked at the edge, before anything uses the input: JSON
+nesting depth, text that cannot be stored, numbers that are not finite, feed
+cursors, UTF-8 in the query string, path lengths. Each failure is a typed 4xx,
+never a RecursionError, an OverflowError or a UnicodeEncodeError deeper down."""
 
 from __future__ import annotations
 
+import json
+import math
 import re
 import urllib.parse
 from pathlib import Path
+from typing import Any
 
-from kandev_es.errors import InvalidCursor, MalformedJson, MalformedQuery, RepositoryNotAllowed
+from kandev_es.errors import (
+    InvalidCursor,
+    InvalidPath,
+    InvalidText,
+    MalformedJson,
+    MalformedQuery,
+    RepositoryNotAllowed,
+)
 
 MAX_JSON_DEPTH = 64
 # Cursors are stored and compared as signed 64-bit integers (SQLite INTEGER,
@@ -19,6 +30,39 @@ MAX_CURSOR = 2**63 - 1
 _STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)
 _BRACKET = re.compile(rb"[\[\]{}]")
 _CURSOR = re.compile(r"[0-9]{1,19}")
+
+# What no text column, file name, argv or environment entry can hold: NUL, and
+# lone surrogates (json.loads decodes "\ud800" to one; it has no UTF-8 form).
+# A surrogate pair is decoded to its one code point, so any left is lone.
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+# A body without these bytes decodes to no unstorable string: a raw control
+# character inside a JSON string is refused by the decoder, and a surrogate
+# reaches a string only as a \u escape or (json.loads passes surrogates
+# through) as its UTF-8-like bytes ED A0..BF xx. UTF-16/32 bodies hold NUL bytes.
+_MAYBE_UNSTORABLE = (b"\\u", b"\xed", b"\x00")
+MAX_FIELD_PATH = 200
+# Top-level fields whose own validator already refuses NUL and lone surrogates,
+# with a more specific documented error (README: External ID rules).
+SELF_CHECKED = frozenset({"external_id"})
+# Linux's NAME_MAX and PATH_MAX: longer fails with ENAMETOOLONG in any call.
+MAX_PATH_COMPONENT_BYTES = 255
+MAX_PATH_BYTES = 4096
+
+
+def _not_a_number(literal: str) -> float:
+    raise MalformedJson(f"{literal} is not a JSON number")
+
+
+def _finite(literal: str) -> float:
+    value = float(literal)
+    if not math.isfinite(value):
+        raise MalformedJson("a number in the request body is beyond the float range")
+    return value
+
+
+# One decoder for every JSON body: NaN and Infinity are not JSON (RFC 8259) and
+# 1e400 has no float; both are refused instead of becoming nan/inf.
+_DECODER = json.JSONDecoder(parse_constant=_not_a_number, parse_float=_finite)
 
 
 def check_json_depth(raw: bytes, limit: int = MAX_JSON_DEPTH) -> None:
@@ -36,6 +80,77 @@ def check_json_depth(raw: bytes, limit: int = MAX_JSON_DEPTH) -> None:
                 )
         else:
             depth -= 1
+
+
+def parse_json_body(raw: bytes) -> Any:
+    """A request body parsed once, at the edge, for every JSON route: depth
+    first (the decoder recurses per level), then the strict decode, then every
+    string (keys included) checked to be storable text."""
+    check_json_depth(raw)
+    try:
+        text = raw.decode(json.detect_encoding(raw), "surrogatepass")
+        value = _DECODER.decode(text)
+    except (ValueError, UnicodeDecodeError):  # MalformedJson is neither
+        raise MalformedJson("request body is not valid JSON") from None
+    if any(marker in raw for marker in _MAYBE_UNSTORABLE):
+        check_json_text(value)
+    return value
+
+
+def check_json_text(value: Any) -> None:
+    """Every string and key in a parsed JSON value (already depth-bounded) is
+    storable text and every number finite; walked iteratively, without
+    recursion. The error names the first offending field, e.g. ``labels[2]``.
+    A top-level ``external_id`` string is left to its own validator, which
+    refuses the same characters as ``invalid_external_id`` (control_character,
+    invalid_unicode) as the README's External ID rules say."""
+    stack: list[tuple[Any, tuple[Any, ...]]] = [(value, ())]
+    if isinstance(value, dict) and not SELF_CHECKED.isdisjoint(value):
+        stack = [(child, (key,)) for key, child in value.items() if key not in SELF_CHECKED]
+        for key in value:  # the keys themselves are still checked
+            if isinstance(key, str) and _UNSTORABLE.search(key):
+                raise _invalid_text((key,), key, in_key=True)
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, str):
+            if _UNSTORABLE.search(item):
+                raise _invalid_text(path, item)
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                if isinstance(key, str) and _UNSTORABLE.search(key):
+                    raise _invalid_text((*path, key), key, in_key=True)
+                stack.append((child, (*path, key)))
+        elif isinstance(item, list):
+            stack.extend((child, (*path, index)) for index, child in enumerate(item))
+        elif isinstance(item, float) and not math.isfinite(item):
+            raise MalformedJson(
+                "a number in the request is not finite", field=field_path(path)
+            )
+
+
+def field_path(path: tuple[Any, ...]) -> str:
+    """``("labels", 2)`` as ``labels[2]``; printable (unstorable characters
+    escaped) and bounded, since it goes back in the error body."""
+    text = ""
+    for part in path:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    text = text.replace("\x00", "\\x00")
+    if len(text) > MAX_FIELD_PATH:
+        text = text[:MAX_FIELD_PATH] + "..."
+    return text or "(body)"
+
+
+def _invalid_text(path: tuple[Any, ...], text: str, in_key: bool = False) -> InvalidText:
+    found = _UNSTORABLE.search(text)
+    reason = "nul" if found is not None and found.group() == "\x00" else "lone_surrogate"
+    where = "a key" if in_key else "a string"
+    what = "NUL" if reason == "nul" else "a lone surrogate"
+    return InvalidText(
+        f"{where} contains {what}, which cannot be stored as text",
+        field=field_path(path),
+        reason=reason,
+    )
 
 
 def stored_integer(text: str) -> int | None:
@@ -84,6 +199,7 @@ def check_repository_path(path: Path, roots: tuple[Path, ...]) -> Path:
     roots (already resolved), judged after symlinks and ``..`` resolve. Checked
     at registration and again at each create, so narrowing the roots also
     covers repositories registered before."""
+    check_path_lengths(path)
     resolved = path.resolve()
     if not any(resolved == root or resolved.is_relative_to(root) for root in roots):
         raise RepositoryNotAllowed(
@@ -91,3 +207,23 @@ def check_repository_path(path: Path, roots: tuple[Path, ...]) -> Path:
             field="path",
         )
     return resolved
+
+
+def check_path_lengths(path: Path, field: str = "path") -> None:
+    """A path the OS can take at all: no component over 255 bytes, the whole
+    under 4096 (422, before any system call fails with ENAMETOOLONG). Its text
+    is storable already (parse_json_body)."""
+    parts = [len(part.encode("utf-8", "surrogatepass")) for part in path.parts]
+    longest = max(parts, default=0)
+    if longest > MAX_PATH_COMPONENT_BYTES:
+        raise InvalidPath(
+            f"a path component is longer than {MAX_PATH_COMPONENT_BYTES} bytes",
+            field=field,
+            max_component_bytes=MAX_PATH_COMPONENT_BYTES,
+        )
+    if len(str(path).encode("utf-8", "surrogatepass")) >= MAX_PATH_BYTES:
+        raise InvalidPath(
+            f"path is longer than {MAX_PATH_BYTES - 1} bytes",
+            field=field,
+            max_path_bytes=MAX_PATH_BYTES - 1,
+        )

@@ -1,12 +1,18 @@
 """`kandev-es mcp --http`: the streamable-HTTP transport, spoken to by the SDK's
-own client. Each call acts with its request's Authorization header; without
-one (or with another workspace's token) a create is "task not created"."""
+own client. Each call acts with its request's Authorization header; another
+workspace's token gets "task not created". A request without a token that
+authenticates is refused 401 `unauthenticated` before the SDK sees it, and the
+server keeps no sessions: a flood of token-less `initialize` calls holds nothing."""
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
+from pathlib import Path
 
+import httpx
 import httpx2
 import pytest
 from mcp import Client
@@ -47,14 +53,99 @@ async def test_each_request_acts_with_its_authorization_header(
         _, found = await call(client, CREATE, title="again", external_id="H-1")
         _, read = await call(client, "get_task", task_id=created["id"])
     before = services.app.max_notification_id()
-    refusals = []
-    for token in (None, stranger):
-        async with _client(mcp_url, token, mode) as client:
-            refusals.append(await call(client, CREATE, title="t", external_id="H-1",
-                                       workspace_id=str(workspace.id)))
+    async with _client(mcp_url, stranger, mode) as client:
+        error, body = await call(client, CREATE, title="t", external_id="H-1",
+                                 workspace_id=str(workspace.id))
     assert created["outcome"] == "created" and created["workspace_id"] == str(workspace.id)
     assert found["outcome"] == "found_settled" and found["id"] == created["id"]
     assert read["external_id"] == "H-1"
-    for error, body in refusals:
-        assert error and body == {"error": "task not created", "status": 404}
+    assert error and body == {"error": "task not created", "status": 404}
     assert services.app.max_notification_id() == before
+
+
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "flood", "version": "0"},
+    },
+}
+MCP_HEADERS = {"Accept": "application/json, text/event-stream"}
+
+
+def _initialize(http: httpx.Client, url: str, authorization: str | None) -> httpx.Response:
+    headers = dict(MCP_HEADERS)
+    if authorization is not None:
+        headers["Authorization"] = authorization
+    return http.post(url, json=INITIALIZE, headers=headers)
+
+
+@pytest.mark.parametrize(
+    "authorization",
+    [None, "Bearer", "Basic a2FuZGV2OmVz", "Bearer garbage", "Bearer kes_" + "A" * 43],
+)
+def test_initialize_without_a_valid_token_is_refused_401_before_any_session(
+    settings, services, mcp_url, authorization
+):
+    with httpx.Client(timeout=30) as http:
+        answer = _initialize(http, mcp_url, authorization)
+    assert answer.status_code == 401
+    assert answer.json()["error"] == "unauthenticated"
+    assert answer.headers["www-authenticate"] == "Bearer"
+    assert "mcp-session-id" not in answer.headers
+
+
+def test_a_revoked_token_is_refused_at_the_door(settings, services, member, mcp_url):
+    token, secret = member
+    with httpx.Client(timeout=30) as http:
+        before = _initialize(http, mcp_url, f"Bearer {secret}")
+        services.tokens.revoke(token.token_id)
+        after = _initialize(http, mcp_url, f"Bearer {secret}")
+    assert before.status_code == 200 and "mcp-session-id" not in before.headers
+    assert after.status_code == 401 and after.json()["error"] == "unauthenticated"
+
+
+def _rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+FLOOD = 10_000
+FLOOD_THREADS = 8
+RSS_MARGIN_KIB = 30 * 1024
+
+
+async def test_ten_thousand_unauthenticated_initializes_hold_nothing_and_a_token_still_gets_in(
+    settings, services, member, tmp_path
+):
+    _, secret = member
+    with ServedMcp(settings, tmp_path, **server_env(settings)) as served:
+        kinds = [None, "Bearer garbage", None, "Bearer kes_" + secrets.token_urlsafe(32)]
+
+        def flood(count: int) -> list[int]:
+            with httpx.Client(timeout=30) as http:
+                return [
+                    _initialize(http, served.url, kinds[i % len(kinds)]).status_code
+                    for i in range(count)
+                ]
+
+        flood(200)  # warm: imports, thread pool, allocator arenas
+        before = _rss_kib(served.process.pid)
+        with ThreadPoolExecutor(FLOOD_THREADS) as pool:
+            statuses = [
+                status
+                for batch in pool.map(flood, [FLOOD // FLOOD_THREADS] * FLOOD_THREADS)
+                for status in batch
+            ]
+        after = _rss_kib(served.process.pid)
+        async with _client(served.url, secret, "legacy") as client:
+            _, created = await call(client, CREATE, title="after the flood",
+                                    external_id="FLOOD-1", start_agent=False)
+    assert len(statuses) == FLOOD and set(statuses) == {401}
+    assert after - before < RSS_MARGIN_KIB, (before, after)
+    assert created["outcome"] == "created"

@@ -31,7 +31,6 @@ from kandev_es.domain.creation import complete_without_effects
 from kandev_es.domain.external_id import identity_id
 from kandev_es.domain.identity import Identity
 from kandev_es.domain.workspace import Workspace
-from kandev_es.storage.database import base_postgres_url, parse_postgres_url
 from tests.support.served import ServedProcess, http, run_cli
 from tests.support.tasks import bare_task
 
@@ -103,13 +102,8 @@ def _create(server: ServedProcess, workspace: str, external_id: str) -> Any:
 
 
 def _connect(settings: Settings, autocommit: bool = True) -> psycopg.Connection[Any]:
-    assert settings.database_url
-    schema = parse_postgres_url(settings.database_url)["POSTGRES_SCHEMA"]
-    return psycopg.connect(
-        base_postgres_url(settings.database_url),
-        autocommit=autocommit,
-        options=f"-c search_path={schema}",
-    )
+    assert settings.postgres is not None
+    return psycopg.connect(settings.postgres.schema_conninfo, autocommit=autocommit)
 
 
 def _activated(settings: Settings) -> list[tuple[int, str]]:

@@ -21,7 +21,7 @@ from psycopg import sql
 
 from kandev_es.bootstrap import bootstrap
 from kandev_es.domain.identity import Identity
-from kandev_es.storage.database import Transaction, base_postgres_url, parse_postgres_url
+from kandev_es.storage.database import Transaction
 
 INSERT = (
     "SELECT kandev_insert_events(%b::uuid[], %b::bigint[], %b::text[], %b::bytea[],"
@@ -63,10 +63,7 @@ def _runner(services: Any) -> ProjectionRunner:
 
 
 def _connect(settings: Any) -> psycopg.Connection[Any]:
-    schema = parse_postgres_url(settings.database_url)["POSTGRES_SCHEMA"]
-    return psycopg.connect(
-        base_postgres_url(settings.database_url), options=f"-c search_path={schema}"
-    )
+    return psycopg.connect(settings.postgres.schema_conninfo)
 
 
 def _save(app: Any, conn: psycopg.Connection[Any], workspace_id: uuid.UUID) -> tuple[str, int]:
@@ -161,7 +158,7 @@ def test_db_init_makes_the_notification_sequence_hand_out_one_id_at_a_time(
     never be read. ``db init`` sets the cache back to 1."""
     recorder: Any = services.app.recorder
     table = f'"{recorder.datastore.schema}"."{recorder.events_table_name}"'
-    with psycopg.connect(base_postgres_url(settings.database_url), autocommit=True) as admin:
+    with psycopg.connect(settings.postgres.conninfo, autocommit=True) as admin:
         row = admin.execute(
             "SELECT pg_get_serial_sequence(%s, 'notification_id')", (table,)
         ).fetchone()
@@ -169,7 +166,7 @@ def test_db_init_makes_the_notification_sequence_hand_out_one_id_at_a_time(
         sequence = str(row[0])
         admin.execute(sql.SQL("ALTER SEQUENCE {} CACHE 20").format(sql.SQL(sequence)))
     bootstrap(settings).close()  # what `kandev-es db init` runs
-    with psycopg.connect(base_postgres_url(settings.database_url), autocommit=True) as admin:
+    with psycopg.connect(settings.postgres.conninfo, autocommit=True) as admin:
         row = admin.execute(
             "SELECT seqcache FROM pg_sequence WHERE seqrelid = %s::regclass", (sequence,)
         ).fetchone()

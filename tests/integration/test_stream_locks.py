@@ -17,7 +17,6 @@ from kandev_es.application import VersionConflict
 from kandev_es.bootstrap import bootstrap
 from kandev_es.domain.identity import Identity
 from kandev_es.domain.workspace import Workspace
-from kandev_es.storage.database import base_postgres_url, parse_postgres_url
 
 INSERT = (
     "SELECT kandev_insert_events(%b::uuid[], %b::bigint[], %b::text[], %b::bytea[],"
@@ -41,7 +40,7 @@ def test_the_guard_holds_when_the_servers_default_isolation_is_repeatable_read(
     server's default (here REPEATABLE READ for every new session, set through
     libpq): the guarded save still waits, sees the write and writes nothing."""
     monkeypatch.setenv("PGOPTIONS", "-c default_transaction_isolation=repeatable\\ read")
-    with psycopg.connect(base_postgres_url(settings.database_url)) as probe:
+    with psycopg.connect(settings.postgres.conninfo) as probe:
         row = probe.execute("SHOW default_transaction_isolation").fetchone()
     assert row == ("repeatable read",)
     fresh = bootstrap(settings.with_overrides(create_tables=False))
@@ -56,10 +55,8 @@ def _guarded_save_waits_then_writes_nothing(app: Any, workspace: Any, settings: 
     moving = app.load(workspace.id, Workspace)
     moving.set_wip_limit(3)
     stored = [app.mapper.to_stored_event(e) for e in moving.collect_events()]
-    schema = parse_postgres_url(settings.database_url)["POSTGRES_SCHEMA"]
-    url = base_postgres_url(settings.database_url)
-    writer = psycopg.connect(url, options=f"-c search_path={schema}")  # a transaction, held
-    watcher = psycopg.connect(url, autocommit=True)
+    writer = psycopg.connect(settings.postgres.schema_conninfo)  # a transaction, held
+    watcher = psycopg.connect(settings.postgres.conninfo, autocommit=True)
     outcome: dict[str, Any] = {}
     late = Identity.register(uuid.uuid4(), workspace.id, "G-1")
 
@@ -113,11 +110,9 @@ def test_a_guarded_save_in_a_repeatable_read_transaction_is_refused(
     nothing (the service's own saves are single READ COMMITTED statements)."""
     app = services.app
     read_version = workspace.version
-    schema = parse_postgres_url(settings.database_url)["POSTGRES_SCHEMA"]
-    url = base_postgres_url(settings.database_url)
     late = Identity.register(uuid.uuid4(), workspace.id, "G-2")
     stored = [app.mapper.to_stored_event(e) for e in late.collect_events()]
-    with psycopg.connect(url, options=f"-c search_path={schema}") as saver:
+    with psycopg.connect(settings.postgres.schema_conninfo) as saver:
         saver.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
         saver.execute("SELECT 1")  # the transaction's snapshot
         moving = app.load(workspace.id, Workspace)

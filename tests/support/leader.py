@@ -10,14 +10,14 @@ import psycopg
 from kandev_es.projections.leadership import lock_key, lock_path
 
 from kandev_es.config import Settings
-from kandev_es.storage.database import parse_postgres_url
 from tests.conftest import postgres_admin_url
 
 
 def lock_sessions(settings: Settings) -> list[tuple[int, int]]:
     """PostgreSQL: (backend pid, process pid) of each session holding the lock;
     the process pid is in the session's application_name."""
-    schema = parse_postgres_url(str(settings.database_url)).get("POSTGRES_SCHEMA")
+    assert settings.postgres is not None
+    schema = settings.postgres.schema
     with psycopg.connect(postgres_admin_url(), autocommit=True) as admin:
         rows = admin.execute(
             "SELECT l.pid, a.application_name FROM pg_locks l JOIN pg_stat_activity a"

@@ -26,6 +26,7 @@ OUTSIDE = {
 STATUS = {
     400: "BadRequest MalformedJson MalformedQuery InvalidExternalId ExternalIdImmutable"
     " InvalidCursor MissingOperationId UnknownProjection NotRebuildable",
+    401: "Unauthenticated",
     403: "OperatorRequired",
     404: "NotFound TaskNotCreated WorkspaceDeleted TaskNotFound WorkspaceNotFound TokenNotFound"
     " IdentityNotFound CreationNotFound",

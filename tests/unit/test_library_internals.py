@@ -291,6 +291,7 @@ def test_marshmallow_lists_a_schemas_hooks_in_hooks_empty_when_it_has_none() -> 
         "marshmallow", "Field.pre_load/post_load", "creation/request.py (_plain)")
 
 
+@pytest.mark.timeout(420)  # the inner pytest run has its own 300 s timeout
 def test_the_canaries_that_need_no_postgresql_run_without_psycopg() -> None:
     """With psycopg hidden (a SQLite-only install) this module still runs every
     canary but the PostgreSQL ones: none is skipped for want of psycopg."""
@@ -315,3 +316,29 @@ def test_the_canaries_that_need_no_postgresql_run_without_psycopg() -> None:
     }
     assert len(expected) >= 5 and passed == expected, run.stdout
     assert "SKIPPED" in run.stdout  # the PostgreSQL ones: psycopg was hidden
+
+
+@needs_psycopg
+def test_event_store_pool_is_built_closed_and_connects_with_its_conninfo_and_kwargs() -> None:
+    """storage/recorders.KandevPostgresFactory swaps the library pool's
+    conninfo and kwargs after the factory built it: that only works while the
+    pool is still closed and its _connect reads those two attributes."""
+    factory = postgres.PostgresFactory({
+        "POSTGRES_DBNAME": "db", "POSTGRES_HOST": "h", "POSTGRES_PORT": "1",
+        "POSTGRES_USER": "u", "POSTGRES_PASSWORD": "",
+    })
+    pool = factory.datastore.pool
+    assert pool.closed, _changed(
+        "eventsourcing", "PostgresDatastore's pool built closed (open=False)",
+        "storage/recorders.py")
+    # What the factory does: the pool then connects where conninfo says (a
+    # refused port on loopback), not to the host "h" it was built with.
+    pool.conninfo = "host=127.0.0.1 port=1 connect_timeout=2"
+    pool.kwargs = {}
+    import psycopg
+
+    with pytest.raises(psycopg.OperationalError) as refused:
+        pool._connect()
+    assert "127.0.0.1" in str(refused.value) and '"h"' not in str(refused.value), _changed(
+        "psycopg_pool", "ConnectionPool._connect reading .conninfo and .kwargs",
+        "storage/recorders.py")

@@ -51,11 +51,15 @@ def _workspace() -> uuid.UUID:
         raise BadRequest("workspace must be a UUID", parameter="workspace") from None
 
 
-def _authorize(workspace_id: uuid.UUID, external_id: str) -> None:
+def _authorize(workspace_id: uuid.UUID, external_id: str) -> bool:
+    """Whether the reader sees the full record: an operator or admin token
+    does; an audit link (a URL anyone it was handed to can open) gets the
+    redacted view (domain/disclosure.py)."""
     link = request.args.get(LINK_PARAMETER)
     if link is not None and services().audit_links.permits(link, workspace_id, external_id):
-        return
+        return False
     require_auditor(principal(), workspace_id)  # the JSON history route's rule too
+    return True
 
 
 def _render(template: str, http_status: int, **values: object) -> ResponseReturnValue:
@@ -67,10 +71,9 @@ def _render(template: str, http_status: int, **values: object) -> ResponseReturn
 def identity_page() -> ResponseReturnValue:
     workspace_id = _workspace()
     external_id = require_external_id(request.args.get("external_id"))
-    _authorize(workspace_id, external_id)
-    return _render(
-        "audit/identity.html", 200, t=identity_timeline(services().app, workspace_id, external_id)
-    )
+    full = _authorize(workspace_id, external_id)
+    timeline = identity_timeline(services().app, workspace_id, external_id, full=full)
+    return _render("audit/identity.html", 200, t=timeline)
 
 
 @blp.errorhandler(KandevError)

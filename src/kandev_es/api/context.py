@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import uuid
 from typing import Any, cast
 
@@ -11,7 +10,7 @@ from flask import current_app, request
 from kandev_es.bootstrap import Services
 from kandev_es.domain.principal import Principal, Unconfirmed
 from kandev_es.errors import BadRequest, MalformedJson
-from kandev_es.limits import check_json_depth
+from kandev_es.limits import parse_json_body
 from kandev_es.services.auth import bearer_of
 
 EXTENSION_KEY = "kandev_es"
@@ -62,14 +61,11 @@ def own_task_principal(task_id: uuid.UUID) -> Principal | None:
 
 
 def json_object() -> dict[str, Any]:
-    """Parse the body ourselves, without validating it: the protocol reads only
+    """Parse the body ourselves (limits.parse_json_body: depth, storable text,
+    finite numbers), without validating its fields: the protocol reads only
     workspace_id and external_id before the lookup (AC-4)."""
     raw = request.get_data(cache=True)
-    check_json_depth(raw)  # before json.loads, which recurses per level
-    try:
-        body = json.loads(raw) if raw else None
-    except (ValueError, UnicodeDecodeError):
-        raise MalformedJson("request body is not valid JSON") from None
+    body = parse_json_body(raw) if raw else None
     if not isinstance(body, dict):
         raise MalformedJson("request body must be a JSON object")
     return body

@@ -31,4 +31,4 @@ class IdentityHistory(MethodView):
         target = path_uuid(workspace_id, "workspace id")
         require_auditor(principal(), target)
         external_id = require_external_id(request.args.get("external_id"))
-        return identity_history(services().app, target, external_id)
+        return identity_history(services().app, target, external_id, full=True)

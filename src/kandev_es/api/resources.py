@@ -23,6 +23,11 @@ class RepositorySchema(Schema):
     path = fields.String(required=True, metadata={"description": "absolute local git path"})
 
 
+class RepositoryListedSchema(Schema):
+    name = fields.String(required=True)
+    path = fields.String(metadata={"description": "shown to operators and admins only"})
+
+
 class AttachmentSchema(Schema):
     id = fields.String(required=True, metadata={"example": "sha256:…"})
     sha256 = fields.String(required=True)
@@ -94,9 +99,12 @@ class Repositories(MethodView):
         body = _body(RepositorySchema)
         return services().repositories.register(target, body["name"], body["path"])
 
-    @blp.response(200, RepositorySchema(many=True))
+    @blp.response(200, RepositoryListedSchema(many=True))
     def get(self, workspace_id: str) -> list[dict[str, str]]:
-        return services().repositories.list(_member_of(workspace_id))
+        target = _member_of(workspace_id)
+        who = principal()
+        with_paths = who is not None and who.is_operator_of(target)
+        return services().repositories.list(target, with_paths=with_paths)
 
 
 @blp.route("/workspaces/<workspace_id>/attachments")

@@ -203,7 +203,7 @@ class CreationDriver:
             evidence = step.run(ctx)
             failpoints.hit(self._settings, f"{kind}:after")
         except StepFailed as failed:
-            self._abort(identity, number, step.name, failed.error)
+            self._abort(identity, number, step.name, failed.error, failed.detail)
             return failed.error
         except StoreUnavailable:
             # Reconciling would need the same database: stop here, answer 503;
@@ -215,8 +215,8 @@ class CreationDriver:
             failpoints.hit(self._settings, f"{kind}:unknown")
             found = step.reconcile(ctx)
             if found is None:
-                unproven = EffectUnproven(f"step {step.name} failed: {error}")
-                self._abort(identity, number, step.name, unproven)
+                unproven = EffectUnproven(f"step {step.name} failed and its effect is absent")
+                self._abort(identity, number, step.name, unproven, repr(error))
                 return unproven
             evidence = found
         self._record(identity, number, step.name, SUCCEEDED, evidence)
@@ -235,10 +235,17 @@ class CreationDriver:
             self._app.save_atomically(identity)
         return self.drive(identity_id, number, epoch)
 
-    def _abort(self, identity: Identity, number: int, step: str, error: KandevError) -> None:
-        identity.record_step(
-            number, step, f"{identity.tenure(number).task_id}:{step}", FAILED, error.to_dict()
-        )
+    def _abort(
+        self,
+        identity: Identity,
+        number: int,
+        step: str,
+        error: KandevError,
+        detail: str | None = None,
+    ) -> None:
+        evidence = error.to_dict() if detail is None else {**error.to_dict(), "detail": detail}
+        key = f"{identity.tenure(number).task_id}:{step}"
+        identity.record_step(number, step, key, FAILED, evidence)
         identity.begin_aborting(number, error.code)
         self._app.save_atomically(identity)
         metrics.record_step(step, FAILED)

@@ -5,7 +5,12 @@ are published as written in ``mcp.tools`` and arguments reach the services raw
 Authentication: every call acts with a bearer token, authenticated per call so
 a revoked token stops working at once. Over stdio it is the one token the
 process was started with (``KANDEV_TOKEN``); over streamable HTTP it is the
-request's ``Authorization: Bearer`` header, and nothing else."""
+request's ``Authorization: Bearer`` header, and nothing else.
+
+Over HTTP the server keeps no sessions (the SDK's stateless mode: each POST
+gets a transport that ends with it), and ``TokenGate`` refuses a request whose
+token does not authenticate with 401 ``unauthenticated`` before the SDK sees
+it: nobody without a token can make the server hold anything."""
 
 from __future__ import annotations
 
@@ -25,10 +30,15 @@ from mcp_types import (
     ListToolsResult,
     PaginatedRequestParams,
 )
+from starlette.datastructures import Headers
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from kandev_es import __version__
 from kandev_es.bootstrap import Services
-from kandev_es.errors import KandevError, http_status
+from kandev_es.domain.principal import Principal
+from kandev_es.errors import KandevError, Unauthenticated, http_status
+from kandev_es.limits import check_json_text
 from kandev_es.mcp import errors, tools
 from kandev_es.mcp.handlers import HANDLERS
 from kandev_es.services.auth import bearer_of
@@ -60,6 +70,7 @@ def build_server(services: Services, secret_for: SecretSource) -> Server[Any]:
         secret = secret_for(ctx)
 
         def work() -> dict[str, Any]:
+            check_json_text(arguments)  # what api/context.json_object checks
             principal = services.tokens.authenticate(secret)
             return handler(services, principal, arguments)
 
@@ -110,11 +121,45 @@ def serve_stdio(services: Services, token: str | None) -> None:
     anyio.run(run)
 
 
+class TokenGate:
+    """ASGI in front of the MCP app: an HTTP request goes on only if its bearer
+    token authenticates (read afresh, as every REST request does); otherwise it
+    is answered 401 ``unauthenticated`` here, before the SDK parses it or builds
+    anything for it. Tool calls still authorize per call (``build_server``)."""
+
+    def __init__(self, app: ASGIApp, authenticate: Callable[[str], Principal | None]) -> None:
+        self._app = app
+        self._authenticate = authenticate
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":  # lifespan: the app's own startup and shutdown
+            await self._app(scope, receive, send)
+            return
+        secret = bearer_of(Headers(scope=scope).get("authorization", ""))
+        try:
+            if secret is None or await anyio.to_thread.run_sync(self._authenticate, secret) is None:
+                raise Unauthenticated("MCP over HTTP needs Authorization: Bearer <a valid token>")
+        except KandevError as error:
+            headers = {"WWW-Authenticate": "Bearer"} if isinstance(error, Unauthenticated) else {}
+            if http_status(error) == 503:
+                headers["Retry-After"] = "1"
+            response = JSONResponse(error.to_dict(), http_status(error), headers=headers)
+            await response(scope, receive, send)
+            return
+        await self._app(scope, receive, send)
+
+
+def http_app(services: Services, host: str, path: str = "/mcp") -> ASGIApp:
+    """The streamable-HTTP app, stateless, behind the token gate."""
+    server = build_server(services, bearer_header)
+    app = server.streamable_http_app(streamable_http_path=path, host=host, stateless_http=True)
+    return TokenGate(app, services.tokens.authenticate)
+
+
 def serve_http(services: Services, host: str, port: int, path: str = "/mcp") -> None:
     import uvicorn
 
-    server = build_server(services, bearer_header)
-    app = server.streamable_http_app(streamable_http_path=path, host=host)
+    app = http_app(services, host, path)
     services.projections.start_thread(services.settings.projection_poll_seconds)
     log.info("mcp streamable HTTP on http://%s:%s%s", host, port, path)
     uvicorn.run(app, host=host, port=port, log_level="warning")

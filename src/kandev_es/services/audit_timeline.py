@@ -136,9 +136,12 @@ def _apply(tenure: TenureView, event: dict[str, Any]) -> None:
     tenure.entries.append(_entry(event))
 
 
-def identity_timeline(app: Tasks, workspace_id: uuid.UUID, external_id: str) -> Timeline:
-    """The identity's tenures, oldest first (IdentityNotFound if it has none)."""
-    history = identity_history(app, workspace_id, external_id)
+def identity_timeline(
+    app: Tasks, workspace_id: uuid.UUID, external_id: str, *, full: bool
+) -> Timeline:
+    """The identity's tenures, oldest first (IdentityNotFound if it has none);
+    ``full`` or redacted as identity_history."""
+    history = identity_history(app, workspace_id, external_id, full=full)
     tenures: dict[int, TenureView] = {}
     registered_at = ""
     for event in history["events"]:

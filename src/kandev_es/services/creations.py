@@ -1,5 +1,7 @@
 """What the creator may see through its private handle: its own creation's
-phase and step states. Nobody else, and no way to act on it."""
+phase and step states. Nobody else, and no way to act on it. A member creator
+sees the steps' evidence redacted, an operator or admin in full
+(domain/disclosure.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ from typing import Any
 
 from kandev_es.application import Tasks
 from kandev_es.creation.handles import matches, parse_handle
+from kandev_es.domain.disclosure import step_evidence
 from kandev_es.domain.identity import Identity
 from kandev_es.domain.principal import Principal
 from kandev_es.errors import CreationNotFound
@@ -28,6 +31,8 @@ class CreationStatusService:
             or not matches(tenure.handle_hash, handle.secret, principal.actor, tenure.plan_hash)
         ):
             raise CreationNotFound("creation not found")
+        assert identity is not None
+        full = principal.is_operator_of(identity.workspace_id)
         return {
             "task_id": str(tenure.task_id),
             "tenure": tenure.number,
@@ -37,7 +42,11 @@ class CreationStatusService:
             "outcome": tenure.outcome,
             "plan_hash": tenure.plan_hash,
             "steps": [
-                {"name": name, "status": record["status"], "evidence": record["evidence"]}
+                {
+                    "name": name,
+                    "status": record["status"],
+                    "evidence": step_evidence(name, record["status"], record["evidence"], full),
+                }
                 for name, record in tenure.steps.items()
             ],
         }

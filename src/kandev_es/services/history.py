@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from kandev_es.application import Tasks
+from kandev_es.domain.disclosure import history_entry
 from kandev_es.domain.external_id import identity_id
 from kandev_es.domain.identity import Identity
 from kandev_es.errors import IdentityNotFound, StoreUnavailable
@@ -48,7 +49,11 @@ def _entry(event: Any) -> dict[str, Any]:
     return entry
 
 
-def identity_history(app: Tasks, workspace_id: uuid.UUID, external_id: str) -> dict[str, Any]:
+def identity_history(
+    app: Tasks, workspace_id: uuid.UUID, external_id: str, *, full: bool
+) -> dict[str, Any]:
+    """The identity's events in order; ``full`` for an operator or admin, else
+    the redacted view (domain/disclosure.py)."""
     key = identity_id(workspace_id, external_id)
     try:
         events = list(app.events.get(key))
@@ -66,7 +71,7 @@ def identity_history(app: Tasks, workspace_id: uuid.UUID, external_id: str) -> d
         if holder is None
         else {"tenure": holder.number, "task_id": str(holder.task_id), "phase": holder.phase},
         "tenures": len(identity.tenures) if identity else 0,
-        "events": [_entry(event) for event in events],
+        "events": [history_entry(_entry(event), full) for event in events],
     }
 
 

@@ -52,9 +52,13 @@ class RepositoryService:
             contended="workspace is contended; retry",
         )
 
-    def list(self, workspace_id: uuid.UUID) -> list[dict[str, str]]:
+    def list(self, workspace_id: uuid.UUID, *, with_paths: bool) -> list[dict[str, str]]:
+        """The workspace's repositories; their server paths only ``with_paths``
+        (an operator or admin): a member needs the names to create."""
         workspace = self._app.load(workspace_id, Workspace)
         if workspace is None or workspace.deleted:
             raise WorkspaceNotFound("workspace not found")
+        if not with_paths:
+            return [{"name": n} for n in sorted(workspace.repositories)]
         return [{"name": n, "path": p} for n, p in sorted(workspace.repositories.items())]
 

@@ -10,8 +10,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
-from urllib.parse import parse_qs, unquote, urlparse
 
+from kandev_es.config import PostgresTarget
 from kandev_es.errors import StoreUnavailable
 from kandev_es.storage.breaker import StoreBreaker, means_unreachable
 
@@ -105,8 +105,7 @@ class PostgresDatabase:
 
     def __init__(
         self,
-        url: str,
-        schema: str | None,
+        target: PostgresTarget,
         pool_size: int = 5,
         breaker: StoreBreaker | None = None,
         timeout: int = 1,
@@ -117,20 +116,20 @@ class PostgresDatabase:
         from kandev_es.storage.reconnect import reconnect_quickly
 
         reconnect_quickly()
-        self.url = url
-        self.schema = schema
+        self.target = target
+        # The one conninfo every connection uses (config.PostgresTarget): the
+        # same servers, target_session_attrs and connect_timeout (libpq's
+        # own is not reliable under 2 s; the pool waits `timeout`). This pool
+        # adds the schema as its search_path.
+        self.conninfo = target.conninfo
+        self.schema = target.schema
         self.breaker = breaker or StoreBreaker()
-        # The pool waits `timeout`; libpq itself is not reliable under 2 s.
-        kwargs: dict[str, Any] = {"connect_timeout": max(2, timeout)}
-        if schema:
-            kwargs["options"] = f"-c search_path={schema}"
         # Checked on checkout, so a connection killed by a database restart is
         # replaced instead of failing the request that draws it.
         self._pool = ConnectionPool(
-            url,
+            target.schema_conninfo,
             min_size=1,
             max_size=max(pool_size, 2),
-            kwargs=kwargs,
             open=True,
             timeout=timeout,
             check=ConnectionPool.check_connection,
@@ -168,32 +167,3 @@ class PostgresDatabase:
     def close(self) -> None:
         self._pool.close()
 
-
-def parse_postgres_url(url: str) -> dict[str, str]:
-    """Split a postgresql:// URL into the eventsourcing library's settings."""
-    parsed = urlparse(url)
-    if parsed.scheme not in ("postgres", "postgresql"):
-        raise ValueError(f"not a PostgreSQL URL: {url!r}")
-    query = parse_qs(parsed.query)
-    settings = {
-        "POSTGRES_DBNAME": unquote(parsed.path.lstrip("/")) or "postgres",
-        "POSTGRES_HOST": parsed.hostname or "127.0.0.1",
-        "POSTGRES_PORT": str(parsed.port or 5432),
-        "POSTGRES_USER": unquote(parsed.username or "postgres"),
-        "POSTGRES_PASSWORD": unquote(parsed.password or ""),
-    }
-    if "schema" in query:
-        settings["POSTGRES_SCHEMA"] = query["schema"][0]
-    return settings
-
-
-def base_postgres_url(url: str) -> str:
-    """The URL without our own ``schema`` query parameter (libpq rejects it)."""
-    parsed = urlparse(url)
-    query = "&".join(
-        f"{key}={value}"
-        for key, values in parse_qs(parsed.query).items()
-        if key != "schema"
-        for value in values
-    )
-    return parsed._replace(query=query).geturl()

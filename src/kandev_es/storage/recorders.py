@@ -37,10 +37,14 @@ from typing import Any, TypeVar
 import psycopg
 from eventsourcing import persistence
 from eventsourcing.persistence import InterfaceError, OperationalError, StoredEvent
-from eventsourcing.postgres import PostgresAggregateRecorder, PostgresApplicationRecorder
+from eventsourcing.postgres import (
+    PostgresAggregateRecorder,
+    PostgresApplicationRecorder,
+    PostgresFactory,
+)
 from psycopg.adapt import Buffer, Dumper
 from psycopg.pq import Format
-from psycopg.rows import tuple_row
+from psycopg.rows import dict_row, tuple_row
 from psycopg.sql import SQL, Identifier
 from psycopg_pool import PoolTimeout
 
@@ -376,3 +380,28 @@ class KandevPostgresRecorder(PostgresApplicationRecorder):
 
 
 POSTGRES_RECORDER_TOPIC = f"{__name__}:{KandevPostgresRecorder.__name__}"
+POSTGRES_CONNINFO = "POSTGRES_CONNINFO"
+
+
+class KandevPostgresFactory(PostgresFactory):
+    """The library's factory, its pool connecting with the service's one
+    conninfo (config.PostgresTarget) instead of the separate dbname, host,
+    port, user and password it is built with: those lose a host list, a
+    ``host=``/``port=`` list and every other libpq parameter
+    (``target_session_attrs``, ``sslmode``, ...). The pool is built closed,
+    so no connection was made with the separate arguments; psycopg_pool's
+    ``conninfo`` and ``kwargs`` are what its ``_connect`` reads
+    (tests/unit/test_library_internals.py checks both)."""
+
+    def __init__(self, env: Any) -> None:
+        super().__init__(env)
+        conninfo = self.env.get(POSTGRES_CONNINFO)
+        if not conninfo:
+            raise OSError(f"{POSTGRES_CONNINFO} missing from the event store's environment")
+        pool = self.datastore.pool
+        assert pool.closed, "the library's pool opened before its conninfo was set"
+        pool.conninfo = conninfo
+        pool.kwargs = {"row_factory": dict_row}
+
+
+POSTGRES_FACTORY_TOPIC = f"{__name__}:{KandevPostgresFactory.__name__}"

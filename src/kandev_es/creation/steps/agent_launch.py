@@ -86,7 +86,8 @@ class AgentLaunchStep:
                 )
         except OSError as error:
             ctx.credentials.revoke_run(run_id, "launch_failed")
-            raise StepFailed(AgentLaunchFailed(f"agent command failed to start: {error}")) from None
+            failed = AgentLaunchFailed("the agent command failed to start")
+            raise StepFailed(failed, detail=str(error)) from None
         # Reap it when it exits, so a finished agent never lingers as a zombie,
         # and end its run credential with it.
         reaper_args = (process, ctx.app, ctx.credentials, run_id)

@@ -50,11 +50,15 @@ class StepContext:
 
 class StepFailed(InternalError):
     """The effect definitely did not happen and will not: abort the creation.
-    ``error`` is what the creating caller receives."""
+    ``error`` is what the creating caller receives; ``detail`` (the OS's or
+    git's own words, which may quote paths or the agent command) goes only into
+    the failed step's stored evidence, which members see without it
+    (domain/disclosure.py)."""
 
-    def __init__(self, error: KandevError) -> None:
+    def __init__(self, error: KandevError, detail: str | None = None) -> None:
         super().__init__(error.message)
         self.error = error
+        self.detail = detail
 
 
 class Step(Protocol):

@@ -71,7 +71,8 @@ class RepositoryStep:
                 git(self.path, "worktree", "add", str(worktree), branch)
             return self._evidence(ctx)
         except GitError as error:
-            raise StepFailed(RepositoryEffectFailed(str(error))) from None
+            failed = RepositoryEffectFailed(f"the {self.repository} repository step failed")
+            raise StepFailed(failed, detail=str(error)) from None
 
     def _repository_gone(self) -> bool:
         """No repository of ours at the path: gone, or (never ours to touch) not
