@@ -9,7 +9,7 @@ from flask.views import MethodView
 from flask_smorest import Blueprint
 from marshmallow import Schema, fields, validate
 
-from kandev_es import metrics
+from kandev_es import __version__, metrics
 from kandev_es.api.context import services
 
 blp = Blueprint("health", __name__, description="Health")
@@ -17,6 +17,8 @@ blp = Blueprint("health", __name__, description="Health")
 
 class HealthSchema(Schema):
     status = fields.String(required=True, validate=validate.OneOf(["ok"]))
+    # kandev_es.__version__, as `kandev-es --version` prints it.
+    version = fields.String(required=True)
 
 
 class ReadinessSchema(Schema):
@@ -40,7 +42,7 @@ class Healthz(MethodView):
     @blp.doc(security=[])
     @blp.response(200, HealthSchema)
     def get(self) -> dict[str, Any]:
-        return {"status": "ok"}
+        return {"status": "ok", "version": __version__}
 
 
 @blp.route("/readyz")
