@@ -319,7 +319,8 @@ def serve(host: str, port: int, workers: int | None, threads: int) -> None:
 @store_options
 def mcp_server(over_http: bool, host: str, port: int) -> None:
     """Run the MCP server. stdio acts with the token in KANDEV_TOKEN; --http with
-    each request's Authorization: Bearer header (endpoint /mcp)."""
+    each request's Authorization: Bearer header (endpoint /mcp, POST only, no
+    sessions; a request without a valid token is 401 before anything is kept)."""
     from kandev_es.config import take_mcp_token
     from kandev_es.mcp.server import serve_http, serve_stdio
 
