@@ -11,6 +11,7 @@ from marshmallow import Schema, fields, validate
 
 from kandev_es import __version__, metrics
 from kandev_es.api.context import services
+from kandev_es.storage.durability import durability
 
 blp = Blueprint("health", __name__, description="Health")
 
@@ -19,6 +20,16 @@ class HealthSchema(Schema):
     status = fields.String(required=True, validate=validate.OneOf(["ok"]))
     # kandev_es.__version__, as `kandev-es --version` prints it.
     version = fields.String(required=True)
+
+
+class DurabilitySchema(Schema):
+    synchronous_commit = fields.String(required=True)
+    synchronous_standby_names = fields.String(required=True)
+    synchronous_standbys = fields.Integer(
+        required=True, allow_none=True,
+        metadata={"description": "null: the role may not read pg_stat_replication.sync_state"},
+    )
+    durable = fields.Boolean(required=True, allow_none=True)
 
 
 class ReadinessSchema(Schema):
@@ -35,6 +46,10 @@ class ReadinessSchema(Schema):
         keys=fields.String(), values=fields.Integer(), metadata={"description": "events behind"}
     )
     store_error = fields.String()
+    durability = fields.Nested(
+        DurabilitySchema,
+        metadata={"description": "PostgreSQL only: does a commit wait for a synchronous standby"},
+    )
 
 
 @blp.route("/healthz")
@@ -62,6 +77,9 @@ class Readyz(MethodView):
             report["schema_problems"] = attestation.problems
         try:
             report["projection_lag"] = svc.projections.lag()
+            found = durability(svc.database)
+            if found is not None:  # informational: a primary alone still serves
+                report["durability"] = found.as_dict()
             store_ok = True
         except Exception as error:  # any storage failure makes us unready
             report["store_error"] = str(error)
