@@ -17,6 +17,16 @@ Environment read here:
                       threads for event streams, default 32)
     KANDEV_TIMEOUT    worker timeout in seconds      (default 60)
 
+The worker class is kandev-es's own (src/kandev_es/http_worker.py): gunicorn
+supervises, waitress serves. One event-driven I/O thread per worker reads each
+request whole (headers, and the body up to KANDEV_MAX_BODY_BYTES, chunked or
+not) before a request thread sees it, so slow or silent clients hold no thread.
+Bounds from the environment (README: Security model, Input limits and streams):
+    KANDEV_HEADER_TIMEOUT   seconds for a request's headers        (default 10)
+    KANDEV_BODY_TIMEOUT     seconds for its body, from its start    (default 30)
+    KANDEV_IDLE_TIMEOUT     seconds a connection may sit idle       (default 5)
+    KANDEV_MAX_CONNECTIONS  open connections per worker             (default 2048)
+
 On the embedded SQLite default there is a single writer: prefer
 `kandev-es serve`, or set KANDEV_WORKERS=1.
 
@@ -53,10 +63,10 @@ os.environ.setdefault("KANDEV_CREATE_TABLES", "n")
 
 bind = os.environ.get("KANDEV_BIND") or "127.0.0.1:8000"
 workers = _int_env("KANDEV_WORKERS", 2 * multiprocessing.cpu_count())
-# What `kandev-es serve` sets too: worker class, request threads plus one per
-# capped SSE stream (README: Security model), the redacting access log on
-# stdout, timeouts, and the metrics hooks on_starting and child_exit. gunicorn
-# reads this module's names as its settings.
+# What `kandev-es serve` sets too: worker class (http_worker.py, bound to these
+# settings), request threads plus one per capped SSE stream (README: Security
+# model), the redacting access log on stdout, timeouts, and the metrics hooks
+# on_starting and child_exit. gunicorn reads this module's names as its settings.
 globals().update(
     gunicorn_settings(
         load_settings(), _int_env("KANDEV_THREADS", 8), timeout=_int_env("KANDEV_TIMEOUT", 60)

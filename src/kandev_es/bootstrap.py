@@ -4,12 +4,14 @@ the same code with other settings, never with a forked path."""
 from __future__ import annotations
 
 import logging
+import sqlite3
 from dataclasses import dataclass
 
 from kandev_es.application import Tasks
 from kandev_es.config import Settings, data_path
 from kandev_es.creation.driver import CreationDriver
 from kandev_es.creation.service import CreationService
+from kandev_es.errors import InvalidSetting, StoreUnavailable
 from kandev_es.projections.creations import CreationsProjection
 from kandev_es.projections.feeds import FeedsProjection
 from kandev_es.projections.identities import IdentitiesProjection
@@ -81,6 +83,50 @@ def open_database(settings: Settings, breaker: StoreBreaker | None = None) -> Da
         )
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     return SQLiteDatabase(settings.sqlite_path)
+
+
+def store_exists(settings: Settings) -> bool:
+    """Whether ``settings`` point at a store `db init` (or `serve`) made: its
+    tables are there. Creates nothing, not even the data dir; an unreachable
+    PostgreSQL raises StoreUnavailable."""
+    if not settings.database_url:
+        path = settings.sqlite_path.resolve()
+        if not path.is_file():
+            return False
+        connection = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)
+        try:
+            rows = connection.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'tasks_view'"
+            ).fetchall()
+        except sqlite3.DatabaseError:  # not an SQLite file at all
+            return False
+        finally:
+            connection.close()
+        return bool(rows)
+    try:
+        import psycopg
+    except ImportError:
+        raise InvalidSetting(
+            "a postgresql:// store needs the postgres extra: pip install 'kandev-es[postgres]'"
+        ) from None
+
+    target = settings.postgres
+    assert target is not None
+    schema = target.schema
+    try:
+        # One plain connection, not a pool: its error says why (refused, auth, ...).
+        postgres = psycopg.connect(target.conninfo)
+    except psycopg.OperationalError as error:
+        reason = " ".join(str(error).split())
+        raise StoreUnavailable(f"database unavailable at {settings.location}: {reason}") from None
+    try:
+        found = postgres.execute(
+            "SELECT to_regclass(%s) IS NOT NULL",
+            (f'"{schema}".tasks_view' if schema else "tasks_view",),
+        ).fetchall()
+    finally:
+        postgres.close()
+    return bool(found[0][0])
 
 
 def init_storage(settings: Settings) -> None:

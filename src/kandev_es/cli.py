@@ -11,25 +11,35 @@ from typing import Any
 
 import click
 
-from kandev_es.bootstrap import Services, bootstrap, init_storage
+from kandev_es import __version__
+from kandev_es.bootstrap import bootstrap, init_storage, store_exists
 from kandev_es.cli_agentctl import register as register_agentctl
 from kandev_es.cli_ops import register as register_ops
-from kandev_es.cli_usage import AT_LEAST_ONE, PORT, SECONDS, OneLineUsage, resolvable_host
-from kandev_es.config import Settings, load_settings
-from kandev_es.errors import InvalidSetting, KandevError, http_status
-from kandev_es.services.release import NO_HOLDER
-
-
-def _settings(**overrides: Any) -> Settings:
-    return load_settings().with_overrides(**overrides) if overrides else load_settings()
-
-
-def _open(create_tables: bool = True) -> Services:
-    return bootstrap(_settings(create_tables=create_tables))
+from kandev_es.cli_usage import (
+    AT_LEAST_ONE,
+    PORT,
+    SECONDS,
+    OneLineUsage,
+    name_store,
+    open_store,
+    resolvable_host,
+    store_options,
+    store_settings,
+    workspace_id,
+)
+from kandev_es.config import load_settings
+from kandev_es.errors import InvalidSetting, KandevError
 
 
 def _emit(data: dict[str, Any]) -> None:
     click.echo(json.dumps(data, default=str))
+
+
+def _global_option(value: str | None, option: str) -> None:
+    if value is not None:
+        raise click.UsageError(
+            f"{option} is a global option: kandev-es {option} {value} serve"
+        )
 
 
 class SettingError(click.ClickException):
@@ -39,6 +49,9 @@ class SettingError(click.ClickException):
 
 
 @click.group(cls=OneLineUsage, context_settings={"max_content_width": 100})
+@click.version_option(
+    __version__, "--version", prog_name="kandev-es", message="%(prog)s %(version)s"
+)
 @click.option(
     "--log-level",
     default=None,
@@ -47,7 +60,11 @@ class SettingError(click.ClickException):
 )
 @click.pass_context
 def main(ctx: click.Context, log_level: str | None) -> None:
-    """kandev-es: idempotent task creation by external ID."""
+    """kandev-es: idempotent task creation by external ID.
+
+    Commands that use the store take --data-dir / --database-url (default
+    KANDEV_DATA_DIR / KANDEV_DATABASE_URL), name it on stderr, and refuse a place
+    with no store (only db init and serve create one)."""
     try:
         settings = load_settings()  # every command reads it: bad values fail here, once
     except InvalidSetting as error:
@@ -68,9 +85,12 @@ def db() -> None:
 
 
 @db.command("init", short_help="Create the event store and read-model tables.")
+@store_options
 def db_init() -> None:
-    """Create the event store and read-model tables (once, before workers start)."""
-    settings = _settings()
+    """Create the event store and read-model tables (once, before workers start;
+    again after an upgrade: it is idempotent)."""
+    settings = store_settings()
+    store_exists(settings)  # an unreachable database: one line, before any pool retries
     init_storage(settings)
     click.echo(f"initialised {settings.backend}: {settings.location}")
 
@@ -83,9 +103,10 @@ def workspace() -> None:
 @workspace.command("create")
 @click.argument("name")
 @click.option("--prefix", "task_prefix", default="KAN", show_default=True)
+@store_options
 def workspace_create(name: str, task_prefix: str) -> None:
     """Create a workspace and print it as JSON."""
-    services = _open()
+    services = open_store()
     try:
         created = services.workspaces.open(name, task_prefix)
         _emit({"id": created.id, "name": created.name, "task_prefix": created.task_prefix})
@@ -101,7 +122,7 @@ def token() -> None:
 
 
 @token.command("create")
-@click.option("--workspace", "workspace_id", default=None, help="workspace id the token acts on")
+@click.option("--workspace", "workspace", default=None, help="workspace (id or name) it acts on")
 @click.option("--admin", is_flag=True, help="an admin token acting on every workspace")
 @click.option("--label", default="", help="free text to recognise the token by")
 @click.option(
@@ -109,20 +130,18 @@ def token() -> None:
     help="workspace tokens: member (tasks, feeds) or operator (adds release, "
     "repositories, policy, workspace deletion)",
 )
-def token_create(workspace_id: str | None, admin: bool, label: str, role: str) -> None:
+@store_options
+def token_create(workspace: str | None, admin: bool, label: str, role: str) -> None:
     """Issue a token and print it once as JSON."""
-    if admin == (workspace_id is not None):
-        raise click.UsageError("give exactly one of --workspace ID or --admin")
-    services = _open()
+    if admin == (workspace is not None):
+        raise click.UsageError("give exactly one of --workspace or --admin")
+    services = open_store()
     try:
         target = None
-        if workspace_id is not None:
-            try:
-                target = uuid.UUID(workspace_id)
-            except ValueError:
-                raise click.BadParameter("not a UUID", param_hint="--workspace") from None
+        if workspace is not None:
+            target = workspace_id(services, workspace)
             if services.workspaces.get(target) is None:
-                raise click.ClickException(f"no workspace {workspace_id}")
+                raise click.ClickException(f"no workspace {workspace}")
         secret, _ = services.tokens.issue(
             workspace_id=target, admin=admin, label=label, role=role
         )
@@ -132,9 +151,10 @@ def token_create(workspace_id: str | None, admin: bool, label: str, role: str) -
 
 
 @token.command("list")
+@store_options
 def token_list() -> None:
     """Print every token as JSON lines (id, role, workspace, created, revoked)."""
-    services = _open()
+    services = open_store()
     try:
         for listed in services.tokens.list_tokens():
             _emit(listed)
@@ -146,13 +166,14 @@ def token_list() -> None:
 
 @token.command("revoke")
 @click.argument("token_id")
+@store_options
 def token_revoke(token_id: str) -> None:
     """Revoke a token by id; it is refused from its next request."""
     try:
         target = uuid.UUID(token_id)
     except ValueError:
         raise click.BadParameter("not a UUID", param_hint="TOKEN_ID") from None
-    services = _open()
+    services = open_store()
     try:
         _emit(services.tokens.revoke(target))
     except KandevError as error:
@@ -168,9 +189,10 @@ def projections() -> None:
 
 @projections.command("run", short_help="Run the projection loop beside the web workers.")
 @click.option("--once", is_flag=True, help="catch up and exit")
+@store_options
 def projections_run(once: bool) -> None:
     """Run the projection loop (a separate process beside the web workers)."""
-    services = _open(create_tables=False)
+    services = open_store()
     try:
         if once:
             read = services.projections.catch_up()
@@ -185,27 +207,28 @@ def projections_run(once: bool) -> None:
 
 
 @main.command()
-@click.option("--workspace", "workspace_id", required=True, help="workspace id")
+@click.option("--workspace", required=True, help="workspace id or name")
 @click.option("--external-id", required=True)
 @click.option("--operation-id", required=True, help="stable id: a replay returns the same result")
-def release(workspace_id: str, external_id: str, operation_id: str) -> None:
+@store_options
+def release(workspace: str, external_id: str, operation_id: str) -> None:
     """Operator release: free an identity without deleting its task.
 
     A manual decision for an abandoned task, never an automatic recovery step:
     releasing an identity another create is still using re-opens duplicates."""
-    services = _open(create_tables=False)
+    services = open_store()
     try:
-        try:
-            target = uuid.UUID(workspace_id)
-        except ValueError:
-            raise click.BadParameter("not a UUID", param_hint="--workspace") from None
+        target = workspace_id(services, workspace)
         # The local CLI reaches the store directly: no token, so the actor is "cli".
         result = services.release.release(target, external_id, operation_id, actor="cli")
+        if not result.released:  # the operation is recorded: a replay answers the same
+            replay = " (replayed)" if result.replayed else ""
+            raise click.ClickException(
+                f"{result.body.get('error', 'task not found')}: no task holds "
+                f"{external_id!r} in workspace {target}{replay}"
+            )
         # "status" is what REST answers for the same release.
-        status = 200 if result.released else http_status(NO_HOLDER)
-        _emit({"status": status, "replayed": result.replayed, **result.body})
-        if not result.released:
-            sys.exit(1)
+        _emit({"status": 200, "replayed": result.replayed, **result.body})
     except KandevError as error:
         raise click.ClickException(f"{error.code}: {error.message}") from None
     finally:
@@ -217,9 +240,10 @@ def release(workspace_id: str, external_id: str, operation_id: str) -> None:
 @click.option(
     "--poll", default=1.0, show_default=True, type=SECONDS, help="seconds between scans"
 )
+@store_options
 def runtime(once: bool, poll: float) -> None:
     """Run the fenced recovery Runtime: finish or abort creations whose owner died."""
-    services = _open(create_tables=False)
+    services = open_store()
     actor = services.runtime()
     try:
         if once:
@@ -249,14 +273,39 @@ def runtime(once: bool, poll: float) -> None:
 @main.command(short_help="Run the API (embedded SQLite; PostgreSQL with KANDEV_DATABASE_URL).")
 @click.option("--host", default="127.0.0.1", show_default=True, callback=resolvable_host)
 @click.option("--port", default=8000, show_default=True, type=PORT)
-@click.option("--workers", default=None, type=AT_LEAST_ONE, help="web worker processes")
-@click.option("--threads", default=8, show_default=True, type=AT_LEAST_ONE)
+@click.option(
+    "--workers",
+    default=None,
+    type=AT_LEAST_ONE,
+    show_default="1 on SQLite, 2 on PostgreSQL",
+    help="web worker processes",
+)
+@click.option(
+    "--threads", default=8, show_default=True, type=AT_LEAST_ONE, help="request threads per worker"
+)
+@click.option(
+    "--log-level",
+    "misplaced_log_level",
+    hidden=True,
+    default=None,
+    expose_value=False,
+    callback=lambda ctx, param, value: _global_option(value, "--log-level"),
+)
+@store_options
 def serve(host: str, port: int, workers: int | None, threads: int) -> None:
-    """Run the API (embedded SQLite by default; PostgreSQL with KANDEV_DATABASE_URL)."""
+    """Run the API (embedded SQLite by default; PostgreSQL with KANDEV_DATABASE_URL).
+
+    Creates the store on first start (and a `default` workspace and an admin token,
+    printed once). Logs at INFO; another level is the global option:
+
+    \b
+      kandev-es --log-level debug serve
+    """
     from kandev_es.server import first_start, run_server
 
-    settings = _settings()
+    settings = store_settings()
     init_storage(settings)  # in the parent, before any worker starts
+    name_store(settings)
     first_start(settings, host, port)
     run_server(settings.with_overrides(create_tables=False), host, port, workers, threads)
 
@@ -267,6 +316,7 @@ def serve(host: str, port: int, workers: int | None, threads: int) -> None:
     "--host", default="127.0.0.1", show_default=True, callback=resolvable_host, help="with --http"
 )
 @click.option("--port", default=8765, show_default=True, type=PORT, help="with --http")
+@store_options
 def mcp_server(over_http: bool, host: str, port: int) -> None:
     """Run the MCP server. stdio acts with the token in KANDEV_TOKEN; --http with
     each request's Authorization: Bearer header (endpoint /mcp)."""
@@ -274,7 +324,9 @@ def mcp_server(over_http: bool, host: str, port: int) -> None:
     from kandev_es.mcp.server import serve_http, serve_stdio
 
     token = take_mcp_token()
-    services = _open()
+    settings = store_settings(create_tables=True)
+    services = bootstrap(settings)
+    name_store(settings)
     try:
         if over_http:
             serve_http(services, host, port)

@@ -4,7 +4,6 @@ history`` and ``audit verify``. Registered on the ``kandev-es`` group by cli.py.
 from __future__ import annotations
 
 import json
-import uuid
 from typing import Any
 
 import click
@@ -21,14 +20,8 @@ from rich.progress import (
 )
 from rich.text import Text
 
-from kandev_es.bootstrap import Services, bootstrap
-from kandev_es.cli_usage import AT_LEAST_ONE
-from kandev_es.config import load_settings
+from kandev_es.cli_usage import AT_LEAST_ONE, open_store, store_options, workspace_id
 from kandev_es.errors import KandevError
-
-
-def _open(create_tables: bool) -> Services:
-    return bootstrap(load_settings().with_overrides(create_tables=create_tables))
 
 
 class RateColumn(ProgressColumn):
@@ -48,12 +41,13 @@ class RateColumn(ProgressColumn):
     type=AT_LEAST_ONE,
     help="events per transaction",
 )
+@store_options
 def projections_rebuild(names: tuple[str, ...], batch_size: int) -> None:
     """Rebuild read models into fresh tables and swap them in atomically."""
     from kandev_es.projections.base import Rebuildable
     from kandev_es.projections.rebuild import rebuild, rebuildable
 
-    services = _open(create_tables=True)  # tables a new version added must exist first
+    services = open_store(create_tables=True)  # tables a new version added must exist first
     runner = services.projections
     console = Console(stderr=True)
     try:
@@ -89,16 +83,6 @@ def projections_rebuild(names: tuple[str, ...], batch_size: int) -> None:
         services.close()
 
 
-def _workspace_id(services: Services, value: str) -> uuid.UUID:
-    try:
-        return uuid.UUID(value)
-    except ValueError:
-        workspace = services.workspaces.get_by_name(value)
-        if workspace is None:
-            raise click.BadParameter(f"no workspace {value!r}", param_hint="--workspace") from None
-        return workspace.id
-
-
 @click.command("history", short_help="An identity's whole stream across tenures, as a timeline.")
 @click.option("--workspace", "workspace", required=True, help="workspace id or name")
 @click.option("--external-id", "external_id", required=True)
@@ -109,6 +93,7 @@ def _workspace_id(services: Services, value: str) -> uuid.UUID:
     show_default=True,
     help="also print a short-lived link to the auditor's page (not with --json)",
 )
+@store_options
 def identity_history_command(workspace: str, external_id: str, as_json: bool, link: bool) -> None:
     """Print an identity's whole stream across tenures as a timeline.
 
@@ -117,9 +102,9 @@ def identity_history_command(workspace: str, external_id: str, as_json: bool, li
     from kandev_es.domain.external_id import normalize_external_id
     from kandev_es.services.history import identity_history, render_timeline
 
-    services = _open(create_tables=False)
+    services = open_store()
     try:
-        target = _workspace_id(services, workspace)
+        target = workspace_id(services, workspace)
         normalized = normalize_external_id(external_id)
         if normalized is None:
             raise click.BadParameter("must not be empty", param_hint="--external-id")
@@ -144,11 +129,12 @@ def identity_history_command(workspace: str, external_id: str, as_json: bool, li
     "verify", short_help="Replay Task streams against tasks_view (exit 1 on disagreement)."
 )
 @click.option("--json", "as_json", is_flag=True, help="print the report as JSON")
+@store_options
 def audit_verify(as_json: bool) -> None:
     """Replay every Task stream and compare with tasks_view; exit 1 on any disagreement."""
     from kandev_es.services.audit import verify_tasks
 
-    services = _open(create_tables=False)
+    services = open_store()
     try:
         report = verify_tasks(services.app, services.database)
     except KandevError as error:

@@ -1,17 +1,25 @@
 """CLI manners shared by every command: a usage error is one line on stderr
-and exit 2 (never click's usage block, never a traceback), and option values
-are checked before anything starts (a port out of range, no workers, a host
-that does not resolve)."""
+and exit 2 (never click's usage block, never a traceback), any other error one
+line and exit 1; option values are checked before anything starts (a port out
+of range, no workers, a host that does not resolve); a command that opens the
+store takes --data-dir / --database-url, names the store it uses on stderr and
+refuses a place where there is none."""
 
 from __future__ import annotations
 
 import socket
 import sys
+import uuid
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import click
 from click.exceptions import NoArgsIsHelpError
+
+from kandev_es.bootstrap import Services, bootstrap, store_exists
+from kandev_es.config import Settings, load_settings, postgres_target
+from kandev_es.errors import InvalidSetting, KandevError
 
 
 class _Int(click.IntRange):
@@ -59,5 +67,92 @@ class OneLineUsage(click.Group):
         except click.Abort:
             click.echo("Aborted!", err=True)
             sys.exit(1)
+        except KandevError as error:  # e.g. an unreachable database: one line, no traceback
+            click.echo(f"Error: {' '.join(error.message.split())}", err=True)
+            sys.exit(1)
         # Without standalone mode click returns --help's exit code or the callback's value.
         sys.exit(result if isinstance(result, int) else 0)
+
+
+# --- Which store a command uses -------------------------------------------------------
+
+_STORE = "kandev_es.store"
+
+
+def _remember(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    if value is not None and param.name is not None:
+        ctx.meta.setdefault(_STORE, {})[param.name] = value
+    return value
+
+
+def _postgres_url(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is not None and not value.startswith(("postgresql://", "postgres://")):
+        raise click.BadParameter("not a postgresql:// URL")
+    if value is not None:
+        try:
+            postgres_target(value)  # what KANDEV_DATABASE_URL would be refused for
+        except InvalidSetting as error:
+            raise click.BadParameter(error.message) from None
+    _remember(ctx, param, value)
+    return value
+
+
+def store_options(command: Any) -> Any:
+    """``--data-dir`` and ``--database-url`` on a command that opens the store;
+    given, they take the place of KANDEV_DATA_DIR and KANDEV_DATABASE_URL."""
+    command = click.option(
+        "--database-url",
+        metavar="URL",
+        default=None,
+        expose_value=False,
+        callback=_postgres_url,
+        help="PostgreSQL store [default: KANDEV_DATABASE_URL; prefer the variable for a URL "
+        "with a password, a command line is visible to other users]",
+    )(command)
+    return click.option(
+        "--data-dir",
+        metavar="DIR",
+        default=None,
+        expose_value=False,
+        type=click.Path(file_okay=False, path_type=Path),
+        callback=_remember,
+        help="data directory (the SQLite store, worktrees, agent logs, metrics) "
+        "[default: KANDEV_DATA_DIR, else ./.kandev-es]",
+    )(command)
+
+
+def store_settings(**overrides: Any) -> Settings:
+    """The settings with the command's --data-dir / --database-url applied."""
+    chosen = click.get_current_context().meta.get(_STORE, {})
+    return load_settings().with_overrides(**chosen, **overrides)
+
+
+def name_store(settings: Settings) -> None:
+    """One line on stderr naming the store (a PostgreSQL password masked), so
+    output is never mistaken for another store's."""
+    click.echo(f"kandev-es: {settings.backend} store {settings.location}", err=True)
+
+
+def open_store(create_tables: bool = False) -> Services:
+    """The services over an existing store, named on stderr. A place with no
+    store is one line and exit 1, and nothing is created there."""
+    settings = store_settings(create_tables=create_tables)
+    if not store_exists(settings):
+        raise click.ClickException(
+            f"no kandev-es store at {settings.location}: point at one with --data-dir or "
+            "KANDEV_DATA_DIR (--database-url or KANDEV_DATABASE_URL for PostgreSQL), "
+            "or create one with 'kandev-es db init'"
+        )
+    name_store(settings)
+    return bootstrap(settings)
+
+
+def workspace_id(services: Services, value: str) -> uuid.UUID:
+    """``--workspace`` as an id or a name (a name is the current workspace of that name)."""
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        workspace = services.workspaces.get_by_name(value)
+        if workspace is None:
+            raise click.BadParameter(f"no workspace {value!r}", param_hint="--workspace") from None
+        return workspace.id

@@ -23,6 +23,13 @@ class Settings:
     create_tables: bool = True
     pool_size: int = 5
     max_body_bytes: int = 1_048_576
+    # Seconds a request's headers, and its whole body, may take from its first
+    # byte; seconds a connection may stay open without a request; connections
+    # one worker process holds open (README: Input limits and streams).
+    header_timeout: float = 10.0
+    body_timeout: float = 30.0
+    idle_timeout: float = 5.0
+    max_connections: int = 2048
     projection_poll_seconds: float = 0.2
     # None: the CLI picks (WARNING for one-shot commands, INFO for serve).
     log_level: str | None = None
@@ -243,6 +250,21 @@ def _float(env: Mapping[str, str], name: str, default: float) -> float:
         raise InvalidSetting(f"{name} must be a number, got {raw!r}") from None
 
 
+def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
+    """A finite, positive number of seconds (at most a day)."""
+    value = _float(env, name, default)
+    if not 0 < value <= 86_400:  # also refuses nan and inf
+        raise InvalidSetting(f"{name} must be seconds in (0, 86400], got {value!r}")
+    return value
+
+
+def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
+    value = _int(env, name, default)
+    if value < 1:
+        raise InvalidSetting(f"{name} must be at least 1, got {value!r}")
+    return value
+
+
 def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
     env = os.environ if environ is None else environ
     settings = Settings(
@@ -251,6 +273,10 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         create_tables=_flag(env.get("KANDEV_CREATE_TABLES"), True),
         pool_size=_int(env, "KANDEV_POOL_SIZE", 5),
         max_body_bytes=_int(env, "KANDEV_MAX_BODY_BYTES", 1_048_576),
+        header_timeout=_seconds(env, "KANDEV_HEADER_TIMEOUT", 10.0),
+        body_timeout=_seconds(env, "KANDEV_BODY_TIMEOUT", 30.0),
+        idle_timeout=_seconds(env, "KANDEV_IDLE_TIMEOUT", 5.0),
+        max_connections=_positive_int(env, "KANDEV_MAX_CONNECTIONS", 2048),
         projection_poll_seconds=_float(env, "KANDEV_PROJECTION_POLL_SECONDS", 0.2),
         log_level=env.get("KANDEV_LOG_LEVEL") or None,
         lease_seconds=_float(env, "KANDEV_LEASE_SECONDS", 30.0),

@@ -139,6 +139,13 @@ class Unauthenticated(KandevError):
     code = "unauthenticated"
 
 
+class MethodNotAllowed(KandevError):
+    """A method the route does not offer (MCP over HTTP: only POST; it keeps no
+    sessions, so no GET stream and no DELETE)."""
+
+    code = "method_not_allowed"
+
+
 class OperatorRequired(KandevError):
     """A member token on a route that needs an operator of that workspace."""
 
@@ -327,6 +334,7 @@ HTTP_STATUS: dict[type[KandevError], int] = {
     BadRequest: 400,
     Unauthenticated: 401,
     OperatorRequired: 403,
+    MethodNotAllowed: 405,
     NotFound: 404,
     Conflict: 409,
     RevisionMismatch: 412,

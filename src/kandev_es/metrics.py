@@ -73,14 +73,30 @@ def instruments() -> Instruments:
 
 
 def _make() -> Instruments:
-    from prometheus_client import (
-        CollectorRegistry,
-        Counter,
-        Gauge,
-        Histogram,
-        disable_created_metrics,
-        values,
+    from prometheus_client import CollectorRegistry, disable_created_metrics
+
+    shared = _shared_directory()
+    # The *_created series say nothing here and multiprocess mode has none.
+    disable_created_metrics()  # type: ignore[no-untyped-call]
+    registry = CollectorRegistry(auto_describe=True)
+    made = Instruments(
+        registry=registry,
+        shared=shared,
+        **_http_instruments(registry),
+        **_creation_instruments(registry),
+        **_stream_instruments(registry),
+        **_store_and_runtime_instruments(registry),
     )
+    for outcome in CREATION_OUTCOMES:
+        made.creations.labels(outcome)  # present at 0 before the first create
+    made.breaker_open.set(0)
+    made.projection_leader.set(0)
+    return made
+
+
+def _shared_directory() -> Path | None:
+    """The multiprocess directory this process writes to, or None."""
+    from prometheus_client import values
 
     shared = config.multiprocess_metrics_dir()
     if shared is not None and values.ValueClass is values.MutexValue:
@@ -90,68 +106,85 @@ def _make() -> Instruments:
             "metrics are per worker: prometheus_client was imported before %s was set",
             config.METRICS_DIR_VARIABLE,
         )
-        shared = None
-    # The *_created series say nothing here and multiprocess mode has none.
-    disable_created_metrics()  # type: ignore[no-untyped-call]
-    registry = CollectorRegistry(auto_describe=True)
-    made = Instruments(
-        registry=registry,
-        shared=shared,
-        requests=Counter(
+        return None
+    return shared
+
+
+def _http_instruments(registry: CollectorRegistry) -> dict[str, Any]:
+    from prometheus_client import Counter, Histogram
+
+    return {
+        "requests": Counter(
             "kandev_http_requests", "HTTP requests answered, by method, URL rule and status.",
             ["method", "route", "status"], registry=registry,
         ),
-        request_seconds=Histogram(
+        "request_seconds": Histogram(
             "kandev_http_request_duration_seconds",
             "Seconds from request to response headers, by method and URL rule.",
             ["method", "route"], registry=registry,
         ),
-        creations=Counter(
+    }
+
+
+def _creation_instruments(registry: CollectorRegistry) -> dict[str, Any]:
+    from prometheus_client import Counter
+
+    return {
+        "creations": Counter(
             "kandev_creations", "Creates answered with an outcome, by outcome.",
             ["outcome"], registry=registry,
         ),
-        creation_errors=Counter(
+        "creation_errors": Counter(
             "kandev_creation_errors", "Creates answered with an error, by error type.",
             ["error"], registry=registry,
         ),
-        steps=Counter(
+        "steps": Counter(
             "kandev_creation_steps", "Creation step records written, by step kind and result.",
             ["kind", "result"], registry=registry,
         ),
-        streams_open=Gauge(
+    }
+
+
+def _stream_instruments(registry: CollectorRegistry) -> dict[str, Any]:
+    from prometheus_client import Counter, Gauge
+
+    return {
+        "streams_open": Gauge(
             "kandev_streams_open", "Open event streams (SSE slots held), all workers.",
             registry=registry, multiprocess_mode="livesum",
         ),
-        stream_refusals=Counter(
+        "stream_refusals": Counter(
             "kandev_stream_refusals", "Event streams refused at a cap, by which cap.",
             ["limit"], registry=registry,
         ),
-        breaker_open=Gauge(
+    }
+
+
+def _store_and_runtime_instruments(registry: CollectorRegistry) -> dict[str, Any]:
+    from prometheus_client import Counter, Gauge
+
+    return {
+        "breaker_open": Gauge(
             "kandev_store_breaker_open",
             "1 while a worker's store breaker fails fast (database unreachable), else 0.",
             registry=registry, multiprocess_mode="livemax",
         ),
-        breaker_openings=Counter(
+        "breaker_openings": Counter(
             "kandev_store_breaker_openings", "Times a store breaker opened.",
             registry=registry,
         ),
-        recoveries=Counter(
+        "recoveries": Counter(
             "kandev_runtime_recoveries",
             "Creations the recovery Runtime took over, by how they ended.",
             ["result"], registry=registry,
         ),
-        projection_leader=Gauge(
+        "projection_leader": Gauge(
             "kandev_projection_leader",
             "Projection loops this server runs: 1 in the one process per database"
             " that leads, else 0 (summed over live workers).",
             registry=registry, multiprocess_mode="livesum",
         ),
-    )
-    for outcome in CREATION_OUTCOMES:
-        made.creations.labels(outcome)  # present at 0 before the first create
-    made.breaker_open.set(0)
-    made.projection_leader.set(0)
-    return made
+    }
 
 
 # ----- recording, one call per place --------------------------------------

@@ -112,6 +112,7 @@ def profiles(short: Profile, long: Profile) -> list[Any]:
             id="long",
             marks=[
                 pytest.mark.slow,
+                pytest.mark.timeout(1200),
                 pytest.mark.skipif(not LONG, reason="long form: set KANDEV_LONG_FAULTS=1"),
             ],
         ),

@@ -26,6 +26,10 @@ LINK_RE = re.compile(r"^\s+(http://\S+/audit/identities\?\S+)$", re.MULTILINE)
 BAR_COLOUR = (0x1D, 0x23, 0x30)  # .bar in audit.css: the stylesheet applied
 
 
+# find_chromium may apt-get install chromium on a first run (up to 900 s per command).
+pytestmark = pytest.mark.timeout(2000)
+
+
 @pytest.fixture
 def chromium(tmp_path: Path) -> Chromium:
     return Chromium(find_chromium(), tmp_path)

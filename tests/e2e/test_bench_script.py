@@ -9,7 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import postgres_admin_url
+
+# Each run of scripts/bench may take its own 300 s subprocess timeout.
+pytestmark = pytest.mark.timeout(420)
 
 BENCH = Path(__file__).resolve().parents[2] / "scripts" / "bench"
 

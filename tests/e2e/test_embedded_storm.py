@@ -26,6 +26,7 @@ def server(settings, tmp_path):
     served.stop()
 
 
+@pytest.mark.timeout(420)  # its storm subprocess has a 300 s timeout of its own
 def test_64_client_storm_and_burst_on_sqlite(server):
     run = subprocess.run(
         [sys.executable, str(STORM), "--base", server.base, "--token", str(server.token),

@@ -2,7 +2,8 @@
 own client. Each call acts with its request's Authorization header; another
 workspace's token gets "task not created". A request without a token that
 authenticates is refused 401 `unauthenticated` before the SDK sees it, and the
-server keeps no sessions: a flood of token-less `initialize` calls holds nothing."""
+server keeps no sessions: a flood of token-less `initialize` calls holds nothing,
+and a token holder gets only POST (no GET stream held open until it leaves)."""
 
 from __future__ import annotations
 
@@ -106,6 +107,19 @@ def test_a_revoked_token_is_refused_at_the_door(settings, services, member, mcp_
         after = _initialize(http, mcp_url, f"Bearer {secret}")
     assert before.status_code == 200 and "mcp-session-id" not in before.headers
     assert after.status_code == 401 and after.json()["error"] == "unauthenticated"
+
+
+@pytest.mark.parametrize("method", ["GET", "DELETE", "PUT"])
+def test_a_token_holder_gets_only_post_so_no_stream_is_held_open(
+    settings, services, member, mcp_url, method
+):
+    _, secret = member
+    headers = {"Authorization": f"Bearer {secret}", "Accept": "text/event-stream"}
+    with httpx.Client(timeout=10) as http:
+        answer = http.request(method, mcp_url, headers=headers)
+    assert answer.status_code == 405
+    assert answer.json()["error"] == "method_not_allowed"
+    assert answer.headers["allow"] == "POST"
 
 
 def _rss_kib(pid: int) -> int:

@@ -18,6 +18,7 @@ def test_db_init_then_workspace_create_prints_json(cli):
 
 
 def test_duplicate_workspace_name_is_an_error(cli):
+    assert cli("db", "init").exit_code == 0
     assert cli("workspace", "create", "dup").exit_code == 0
     again = cli("workspace", "create", "dup")
     assert again.exit_code != 0
@@ -25,6 +26,7 @@ def test_duplicate_workspace_name_is_an_error(cli):
 
 
 def test_token_create_for_workspace_and_admin(cli, settings):
+    assert cli("db", "init").exit_code == 0
     workspace = json.loads(cli("workspace", "create", "ops").stdout.strip().splitlines()[-1])
     member = json.loads(cli("token", "create", "--workspace", workspace["id"]).stdout.strip())
     admin = json.loads(cli("token", "create", "--admin").stdout.strip())
@@ -40,14 +42,17 @@ def test_token_create_for_workspace_and_admin(cli, settings):
 
 
 def test_token_create_needs_exactly_one_target(cli):
+    assert cli("db", "init").exit_code == 0
     assert cli("token", "create").exit_code != 0
     assert cli("token", "create", "--admin", "--workspace", str(uuid.uuid4())).exit_code != 0
     unknown = cli("token", "create", "--workspace", str(uuid.uuid4()))
     assert unknown.exit_code != 0 and "no workspace" in unknown.output
-    assert cli("token", "create", "--workspace", "nope").exit_code != 0
+    by_name = cli("token", "create", "--workspace", "nope")
+    assert by_name.exit_code != 0 and "no workspace 'nope'" in by_name.output
 
 
 def test_invalid_workspace_name_is_refused(cli):
+    assert cli("db", "init").exit_code == 0
     result = cli("workspace", "create", "bad name!")
     assert result.exit_code != 0
 
@@ -114,7 +119,7 @@ def test_commands_are_quiet_unless_asked(settings):
     assert _run(settings, "db", "init").returncode == 0
     quiet = _run(settings, "workspace", "create", "hush")
     assert quiet.returncode == 0, quiet.stderr
-    assert quiet.stderr == ""
+    assert quiet.stderr.splitlines() == [store_line(settings)]  # and no log line
     loud = _run(settings, "--log-level", "info", "workspace", "create", "loud")
     assert loud.returncode == 0 and "INFO kandev_es schema attested" in loud.stderr
 
@@ -200,3 +205,187 @@ def test_every_numeric_option_is_bounded():
                     path, param.name,
                 )
     assert numeric >= 6
+
+
+def store_line(settings) -> str:
+    """What every command that opens the store prints first on stderr."""
+    return f"kandev-es: {settings.backend} store {settings.location}"
+
+
+def _schema_exists(settings) -> bool:
+    import psycopg
+
+    target = settings.postgres
+    with psycopg.connect(target.conninfo) as connection:
+        rows = connection.execute(
+            "SELECT 1 FROM pg_namespace WHERE nspname = %s", (target.schema,)
+        ).fetchall()
+    return bool(rows)
+
+
+ONE_SHOT = [
+    ("workspace", "create", "w"),
+    ("token", "create", "--admin"),
+    ("token", "list"),
+    ("token", "revoke", str(uuid.UUID(int=1))),
+    ("identity", "history", "--workspace", "default", "--external-id", "JIRA-1"),
+    ("release", "--workspace", "default", "--external-id", "JIRA-1", "--operation-id", "op-1"),
+    ("audit", "verify"),
+    ("runtime", "--once"),
+    ("projections", "run", "--once"),
+    ("projections", "rebuild"),
+]
+
+
+def test_a_command_where_there_is_no_store_says_so_in_one_line_and_creates_nothing(settings):
+    """Before, these created ./.kandev-es and reported "schema attestation FAILED
+    ... no such table", which reads like corruption; on PostgreSQL they created the
+    URL's schema."""
+    for args in ONE_SHOT:
+        result = _run(settings, *args)
+        assert result.returncode == 1, (args, result.stdout, result.stderr)
+        assert result.stdout == "", args
+        [line] = result.stderr.splitlines()
+        assert line.startswith(f"Error: no kandev-es store at {settings.location}: "), line
+        assert "kandev-es db init" in line
+    assert not settings.data_dir.exists()
+    if settings.database_url:
+        assert not _schema_exists(settings)
+
+
+def test_with_no_setting_a_command_looks_in_the_working_directory_and_creates_nothing(tmp_path):
+    import subprocess
+
+    from tests.support.served import kandev_command
+
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("KANDEV_")}
+    result = subprocess.run(
+        [*kandev_command(), "identity", "history", "--workspace", "default",
+         "--external-id", "JIRA-1"],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+    assert result.returncode == 1
+    [line] = result.stderr.splitlines()
+    where = tmp_path.resolve() / ".kandev-es" / "kandev.sqlite3"
+    assert line.startswith(f"Error: no kandev-es store at {where}: "), line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_every_store_command_names_its_store_with_the_password_masked(settings):
+    from urllib.parse import urlsplit
+
+    password = urlsplit(settings.database_url).password if settings.database_url else None
+    assert _run(settings, "db", "init").returncode == 0
+    for args in [
+        ("workspace", "create", "named"),
+        ("token", "create", "--admin"),
+        ("token", "list"),
+        ("identity", "history", "--workspace", "named", "--external-id", "NOBODY"),
+        ("audit", "verify"),
+        ("runtime", "--once"),
+        ("projections", "run", "--once"),
+    ]:
+        result = _run(settings, *args)
+        assert result.stderr.splitlines()[0] == store_line(settings), (args, result.stderr)
+        assert password is None or password not in result.stdout + result.stderr
+        if args[0] != "identity":
+            assert result.returncode == 0, (args, result.stderr)
+    assert "***" in store_line(settings) or password is None
+
+
+def test_data_dir_and_database_url_options_take_the_place_of_the_environment(settings, tmp_path):
+    from kandev_es.config import Settings
+
+    assert _run(settings, "db", "init").returncode == 0
+    assert _run(settings, "workspace", "create", "here").returncode == 0
+    elsewhere = Settings(data_dir=tmp_path / "elsewhere")  # no store there
+    options = ["--data-dir", str(settings.data_dir)]
+    if settings.database_url:
+        options += ["--database-url", settings.database_url]
+    issued = _run(elsewhere, "token", "create", "--workspace", "here", *options)
+    assert issued.returncode == 0, issued.stderr
+    assert issued.stderr.splitlines() == [store_line(settings)]
+    assert json.loads(issued.stdout)["token"].startswith("kes_")
+    assert not (tmp_path / "elsewhere").exists()
+    wrong = _run(elsewhere, "token", "list", "--database-url", "mysql://x")
+    assert wrong.returncode == 2 and "not a postgresql:// URL" in wrong.stderr
+
+
+def test_workspace_takes_a_name_or_an_id_everywhere(settings):
+    """Before, identity history took a name but token create and release only a UUID;
+    release printed its 404 as JSON on stdout where every other error is one line."""
+    assert _run(settings, "db", "init").returncode == 0
+    made = json.loads(_run(settings, "workspace", "create", "ops").stdout)
+    for value in ("ops", made["id"]):
+        issued = _run(settings, "token", "create", "--workspace", value, "--role", "operator")
+        assert issued.returncode == 0, issued.stderr
+        released = _run(
+            settings, "release", "--workspace", value, "--external-id", "NOBODY",
+            "--operation-id", f"op-{value}",
+        )
+        assert released.returncode == 1 and released.stdout == ""
+        assert released.stderr.splitlines() == [
+            store_line(settings),
+            f"Error: task not found: no task holds 'NOBODY' in workspace {made['id']}",
+        ]
+        history = _run(
+            settings, "identity", "history", "--workspace", value, "--external-id", "NOBODY"
+        )
+        assert history.returncode == 1
+        assert history.stderr.splitlines()[1:] == ["Error: identity not found"]
+    listed = [json.loads(line) for line in _run(settings, "token", "list").stdout.splitlines()]
+    assert [t["workspace_id"] for t in listed] == [made["id"], made["id"]]
+    unknown = _run(settings, "release", "--workspace", "nope", "--external-id", "X",
+                   "--operation-id", "op")
+    assert unknown.returncode == 2
+    assert "no workspace 'nope'" in unknown.stderr.splitlines()[-1]
+
+
+def test_version_is_one_number_for_the_cli_the_package_and_the_server(tmp_path, services):
+    from importlib.metadata import version
+
+    from kandev_es import __version__
+    from kandev_es.api import create_app
+    from kandev_es.config import Settings
+
+    shown = _run(Settings(data_dir=tmp_path / "data"), "--version")
+    assert shown.returncode == 0 and shown.stdout == f"kandev-es {__version__}\n"
+    assert version("kandev-es") == __version__
+    served = create_app(services=services, run_projections=False).test_client().get("/healthz")
+    assert served.json == {"status": "ok", "version": __version__}
+
+
+def test_db_init_on_an_unreachable_database_is_one_line_without_its_password(tmp_path):
+    """Before: a 45-line traceback."""
+    import pytest
+
+    pytest.importorskip("psycopg")
+    from kandev_es.config import Settings
+
+    url = "postgresql://kandev:s3cret@127.0.0.1:1/kandev"
+    for args in (("db", "init"), ("token", "list")):
+        result = _run(Settings(data_dir=tmp_path / "data", database_url=url), *args)
+        assert result.returncode == 1 and result.stdout == ""
+        [line] = result.stderr.splitlines()
+        assert line.startswith(
+            "Error: database unavailable at postgresql://kandev:***@127.0.0.1:1/kandev: "
+        ), line
+        assert "s3cret" not in result.stderr
+    assert not (tmp_path / "data").exists()
+
+
+def test_serve_points_log_level_to_the_global_option_and_shows_its_worker_default(tmp_path):
+    from kandev_es.config import Settings
+
+    settings = Settings(data_dir=tmp_path / "data")
+    misplaced = _run(settings, "serve", "--log-level", "debug")
+    assert misplaced.returncode == 2 and misplaced.stdout == ""
+    assert misplaced.stderr.splitlines() == [
+        "Error: --log-level is a global option: kandev-es --log-level debug serve"
+        " (see 'kandev-es serve --help')"
+    ]
+    shown = " ".join(_run(settings, "serve", "--help").stdout.split())
+    assert "[default: (1 on SQLite, 2 on PostgreSQL); x>=1]" in shown
+    assert "kandev-es --log-level debug serve" in shown
+    assert not (tmp_path / "data").exists()

@@ -117,9 +117,9 @@ def test_the_only_workspace_scan_goes_through_the_store_breaker(
     """With the breaker open, resolving the default workspace
     is refused with the typed 503 like every other store call, not read around it."""
     from kandev_es.application import Tasks
+    from kandev_es.creation.placement import only_live
     from kandev_es.domain.principal import Principal
     from kandev_es.errors import StoreUnavailable
-    from kandev_es.services.workspaces import WorkspaceService
     from kandev_es.storage.breaker import StoreBreaker
 
     principal, _ = admin
@@ -129,12 +129,11 @@ def test_the_only_workspace_scan_goes_through_the_store_breaker(
     breaker = StoreBreaker(probe_interval=3600)
     app = Tasks(settings, breaker=breaker)
     try:
-        workspaces = WorkspaceService(app, services.database)
-        assert workspaces.only_live(principal) == workspace.id
-        assert workspaces.only_live(stranger) is None
+        assert only_live(app, principal) == workspace.id
+        assert only_live(app, stranger) is None
         breaker.failed("connection refused")
         for caller in (principal, stranger):
             with pytest.raises(StoreUnavailable):
-                workspaces.only_live(caller)
+                only_live(app, caller)
     finally:
         app.close()

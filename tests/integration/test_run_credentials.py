@@ -27,6 +27,7 @@ def off_run_routes(run, workspace_id) -> list[tuple[str, str, dict | None]]:
         ("POST", f"/api/v1/tasks/{run.task_id}/archive", None),
         ("DELETE", f"/api/v1/tasks/{run.task_id}", None),
         ("GET", f"/api/v1/workspaces/{workspace_id}/events", None),
+        ("GET", f"/api/v1/workspaces/{workspace_id}/events/stream", None),
         ("GET", f"/api/v1/workspaces/{workspace_id}/identities/history", None),
     ]
 

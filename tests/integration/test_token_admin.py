@@ -75,6 +75,7 @@ def test_token_routes_are_admin_only_and_unknown_is_404(client, services, admin,
 
 
 def test_cli_list_and_revoke(cli, settings):
+    assert cli("db", "init").exit_code == 0
     workspace = json.loads(cli("workspace", "create", "ops").stdout.strip().splitlines()[-1])
     secret = json.loads(cli("token", "create", "--workspace", workspace["id"]).stdout)["token"]
     listed = [json.loads(line) for line in cli("token", "list").stdout.splitlines()]
@@ -86,7 +87,9 @@ def test_cli_list_and_revoke(cli, settings):
     assert cli("token", "revoke", token_id).exit_code == 0
     assert json.loads(cli("token", "list").stdout)["revoked"] is True
     unknown = cli("token", "revoke", str(uuid.uuid4()))
-    assert unknown.exit_code != 0 and len(unknown.output.strip().splitlines()) == 1
+    # one error line, after the line naming the store
+    assert unknown.exit_code != 0 and len(unknown.stderr.strip().splitlines()) == 2
+    assert unknown.stderr.startswith(f"kandev-es: {settings.backend} store ")
     assert "token not found" in unknown.output
     assert cli("token", "revoke", "nope").exit_code != 0
 

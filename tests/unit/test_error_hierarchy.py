@@ -28,6 +28,7 @@ STATUS = {
     " InvalidCursor MissingOperationId UnknownProjection NotRebuildable",
     401: "Unauthenticated",
     403: "OperatorRequired",
+    405: "MethodNotAllowed",
     404: "NotFound TaskNotCreated WorkspaceDeleted TaskNotFound WorkspaceNotFound TokenNotFound"
     " IdentityNotFound CreationNotFound",
     409: "Conflict WorkspaceExists ReleaseConflict CreationInProgress BranchTaken CapacityExceeded"

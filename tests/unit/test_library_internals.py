@@ -291,6 +291,7 @@ def test_marshmallow_lists_a_schemas_hooks_in_hooks_empty_when_it_has_none() -> 
         "marshmallow", "Field.pre_load/post_load", "creation/request.py (_plain)")
 
 
+@pytest.mark.timeout(420)  # the inner pytest run has its own 300 s timeout
 def test_the_canaries_that_need_no_postgresql_run_without_psycopg() -> None:
     """With psycopg hidden (a SQLite-only install) this module still runs every
     canary but the PostgreSQL ones: none is skipped for want of psycopg."""
@@ -327,6 +328,8 @@ def test_event_store_pool_is_built_closed_and_connects_with_its_conninfo_and_kwa
         "POSTGRES_USER": "u", "POSTGRES_PASSWORD": "",
     })
     pool = factory.datastore.pool
+    assert callable(getattr(pool, "drain", None)), _changed(
+        "psycopg_pool", "ConnectionPool.drain()", "storage/recorders.py, storage/database.py")
     assert pool.closed, _changed(
         "eventsourcing", "PostgresDatastore's pool built closed (open=False)",
         "storage/recorders.py")

@@ -13,11 +13,17 @@ from flask import Response, current_app, request
 from flask.views import MethodView
 from flask_smorest import Blueprint
 
-from kandev_es.api.context import path_uuid, principal, services
+from kandev_es.api.context import bearer_secret, path_uuid, principal, services
 from kandev_es.domain.principal import Principal
 from kandev_es.errors import WorkspaceNotFound
 from kandev_es.limits import MAX_CURSOR, parse_bounded, parse_cursor
-from kandev_es.services.feeds import MAX_PAGE, MAX_STREAM_SECONDS, feed_page, sse_stream
+from kandev_es.services.feeds import (
+    MAX_PAGE,
+    MAX_STREAM_SECONDS,
+    EndReason,
+    feed_page,
+    sse_stream,
+)
 from kandev_es.services.stream_slots import HeldStream, StreamSlots
 
 blp = Blueprint("events", __name__, url_prefix="/api/v1", description="Event feeds")
@@ -40,6 +46,23 @@ def _authorized(workspace_id: str) -> tuple[uuid.UUID, Principal]:
 
 def _authorized_workspace(workspace_id: str) -> uuid.UUID:
     return _authorized(workspace_id)[0]
+
+
+def _end_reason(secret: str | None, target: uuid.UUID) -> EndReason:
+    """Asked by an open stream at each batch and heartbeat: the same checks as
+    opening it (``_authorized``), with the token read afresh from the store, so a
+    revocation or a deletion by any process reaches the stream."""
+    found = services()  # the stream runs after the request context is gone
+
+    def reason() -> str | None:
+        who = found.tokens.authenticate(secret)
+        if who is None or not who.may_act_on(target):
+            return "token revoked"
+        if found.workspaces.get(target) is None:
+            return "workspace deleted"
+        return None
+
+    return reason
 
 
 STREAM_SLOTS_KEY = "kandev_es.streams"
@@ -106,7 +129,14 @@ class EventStream(MethodView):
         slots = _slots()
         slots.take(who.token_id)  # 503 stream_limit_reached before the stream starts
         return Response(
-            HeldStream(slots, who.token_id, sse_stream(database, target, after, max_seconds)),
+            HeldStream(
+                slots,
+                who.token_id,
+                sse_stream(
+                    database, target, after, max_seconds,
+                    ended=_end_reason(bearer_secret(), target),
+                ),
+            ),
             mimetype="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )

@@ -8,7 +8,7 @@ from flask import Response
 from flask.views import MethodView
 from flask_smorest import Blueprint
 
-from kandev_es import metrics
+from kandev_es import __version__, metrics
 from kandev_es.api import schemas
 from kandev_es.api.context import services
 
@@ -20,7 +20,7 @@ class Healthz(MethodView):
     @blp.doc(security=[])
     @blp.response(200, schemas.HealthSchema)
     def get(self) -> dict[str, Any]:
-        return {"status": "ok"}
+        return {"status": "ok", "version": __version__}
 
 
 @blp.route("/readyz")

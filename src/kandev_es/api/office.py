@@ -16,7 +16,7 @@ from flask_smorest import Blueprint
 
 from kandev_es.api import schemas
 from kandev_es.api.context import RUN_ID_HEADER, json_object, run_principal, services
-from kandev_es.creation.placement import parent_workspace
+from kandev_es.creation.placement import Placement, under_parent
 from kandev_es.creation.request import CreateTaskRequestSchema
 from kandev_es.domain.principal import Principal
 
@@ -62,11 +62,13 @@ def document_run_create(target: Blueprint, summary: str) -> Callable[[Any], Any]
     return decorate
 
 
-def create_as_run(body: dict[str, Any], caller: Principal | None = None) -> dict[str, Any]:
+def create_as_run(
+    body: dict[str, Any], caller: Principal | None = None, placed: Placement | None = None
+) -> dict[str, Any]:
     """The create protocol as the calling run; no run credential means the
     protocol's own refusal (404 task not created), before any validation."""
     found = caller if caller is not None else run_principal()
-    return services().creation.create(found, body).to_response()
+    return services().creation.create(found, body, placed).to_response()
 
 
 @blp.route("/tasks")
@@ -82,9 +84,6 @@ class RuntimeSubtaskCreate(MethodView):
     def post(self, task_id: str) -> dict[str, Any]:
         body = json_object()
         body["parent_id"] = task_id  # invalid, unknown or foreign: reported after the lookup
-        body.pop("workspace_id", None)
+        body.pop("workspace_id", None)  # the parent's decides (creation/placement.py)
         caller = run_principal()
-        workspace = parent_workspace(services().app, caller, task_id)
-        if workspace is not None:
-            body["workspace_id"] = str(workspace)
-        return create_as_run(body, caller)
+        return create_as_run(body, caller, under_parent(services().app, caller, task_id))

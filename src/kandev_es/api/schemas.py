@@ -98,6 +98,8 @@ class TokenListSchema(Schema):
 
 class HealthSchema(Schema):
     status = fields.String(required=True, validate=validate.OneOf(["ok"]))
+    # kandev_es.__version__, as `kandev-es --version` prints it.
+    version = fields.String(required=True)
 
 
 class ReadinessSchema(Schema):

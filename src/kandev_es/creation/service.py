@@ -20,6 +20,7 @@ from kandev_es.creation.driver import CreationDriver, Fenced
 from kandev_es.creation.found import Holders, as_kind
 from kandev_es.creation.handles import Handle, handle_hash, new_secret
 from kandev_es.creation.outcomes import CreateResult, Outcome
+from kandev_es.creation.placement import Placement, requested
 from kandev_es.creation.request import load_create_request
 from kandev_es.creation.steps.agent_launch import agent_limit_refusal
 from kandev_es.creation.steps.registry import plan_step_names
@@ -77,10 +78,15 @@ class CreationService:
 
     # ----- the protocol ------------------------------------------------------
     def create(
-        self, principal: Principal | Unconfirmed | None, body: Mapping[str, Any]
+        self,
+        principal: Principal | Unconfirmed | None,
+        body: Mapping[str, Any],
+        placed: Placement | None = None,
     ) -> CreateResult:
+        """``placed``: where the entry point decided the create lands
+        (creation/placement.py); without it, where the body says (REST)."""
         try:
-            result = self._create(principal, body)
+            result = self._create(principal, body, placed)
         except Exception as error:
             metrics.record_creation_error(error)
             raise
@@ -88,7 +94,10 @@ class CreationService:
         return result
 
     def _create(
-        self, caller: Principal | Unconfirmed | None, body: Mapping[str, Any]
+        self,
+        caller: Principal | Unconfirmed | None,
+        body: Mapping[str, Any],
+        placed: Placement | None,
     ) -> CreateResult:
         # An Unconfirmed principal is confirmed by the first read below, in
         # the same query; a refusal before that read (the workspace is not
@@ -96,7 +105,8 @@ class CreationService:
         unconfirmed = caller if isinstance(caller, Unconfirmed) else None
         principal = unconfirmed.principal if unconfirmed is not None else caller
         assert not isinstance(principal, Unconfirmed)
-        workspace_id = self._workspace_id(principal, body.get("workspace_id"))  # step 1
+        raw_workspace = body.get("workspace_id") if placed is None else placed.workspace_id
+        workspace_id = self._workspace_id(principal, raw_workspace)  # step 1
         assert principal is not None
         token = [unconfirmed.token_id] if unconfirmed is not None else []
         invalid: InvalidExternalId | None = None
@@ -112,7 +122,7 @@ class CreationService:
         reads = self._app.read_many([*self._holders.read_ids(workspace_id, key), *token])
         confirmed = self._confirmed(unconfirmed, reads)
         if confirmed is not None and confirmed != principal:
-            return self._create(confirmed, body)  # the token changed: start over
+            return self._create(confirmed, body, placed)  # the token changed: start over
         workspace = self._authorized(reads[workspace_id])
         if invalid is not None:
             raise invalid
@@ -127,7 +137,7 @@ class CreationService:
         fields = load_create_request(body)  # step 4: only after the lookup missed
         # The roots are resolved on the filesystem: only when a path is checked.
         roots = self._settings.allowed_repository_roots if fields["repositories"] else ()
-        validate_against_workspace(self._app, workspace, fields, roots)
+        validate_against_workspace(self._app, workspace, fields, roots, placed)
         number = self._app.next_office_number(workspace.id)  # step 5
         plan = CreationPlan(
             workspace_id=workspace.id,
@@ -151,14 +161,7 @@ class CreationService:
     def _workspace_id(principal: Principal | None, raw_workspace: object) -> uuid.UUID:
         if principal is None:
             raise TaskNotCreated("not authorized")
-        workspace_id: uuid.UUID | None
-        if raw_workspace is None:
-            workspace_id = principal.workspace_id
-        else:
-            try:
-                workspace_id = uuid.UUID(str(raw_workspace))
-            except ValueError:
-                workspace_id = None
+        workspace_id = requested(principal, raw_workspace)
         if workspace_id is None or not principal.may_act_on(workspace_id):
             raise TaskNotCreated("not authorized")
         return workspace_id

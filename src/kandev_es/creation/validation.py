@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from kandev_es.application import Tasks
-from kandev_es.creation.placement import check_parent
+from kandev_es.creation.placement import Placement, check_parent
 from kandev_es.domain.attachment import Attachment, attachment_id_for
 from kandev_es.domain.workspace import Workspace
 from kandev_es.errors import AttachmentClaimed, UnknownReference, ValidationFailed
@@ -19,8 +19,10 @@ def validate_against_workspace(
     workspace: Workspace,
     fields: dict[str, Any],
     repository_roots: tuple[Path, ...],
+    placed: Placement | None = None,
 ) -> None:
-    """Check references and fill defaults in place; raise on the first unknown."""
+    """Check references and fill defaults in place; raise on the first unknown.
+    ``placed``: the entry point's placement, whose parent is not loaded again."""
     workflow = fields["workflow"]
     steps = workspace.workflows.get(workflow)
     if steps is None:
@@ -59,4 +61,4 @@ def validate_against_workspace(
         raise UnknownReference(f"unknown agent profile {profile!r}", field="agent_profile")
     parent_id = fields.get("parent_id")
     if parent_id is not None:
-        check_parent(app, workspace, parent_id)
+        check_parent(app, workspace, parent_id, placed)

@@ -19,36 +19,25 @@ from kandev_es.views import task_dto
 Handler = Callable[[Services, Principal | None, Mapping[str, Any]], dict[str, Any]]
 
 
-def resolve_workspace(
-    services: Services, principal: Principal | None, parent_id: object = None
-) -> uuid.UUID | None:
-    """Which workspace a tool call acts on when the caller did not say: the
-    parent task's, else the token's, else the only live one. Resolution never
-    decides authorization (the services do), and never picks a workspace the
-    principal may not act on."""
-    if principal is None:
-        return None
-    parent_workspace = placement.parent_workspace(services.app, principal, parent_id)
-    if parent_workspace is not None:
-        return parent_workspace
-    if principal.workspace_id is not None:
-        return principal.workspace_id
-    return services.workspaces.only_live(principal)
-
-
 def create_task(
     services: Services, principal: Principal | None, arguments: Mapping[str, Any]
 ) -> dict[str, Any]:
     """The create protocol, with the arguments as the body — unvalidated, so the
-    identity lookup answers before any request-specific validation (AC-4)."""
+    identity lookup answers before any request-specific validation (AC-4).
+    Arguments that name no workspace land where placement decides: the
+    parent's, else the token's, else the only live one."""
     body = dict(arguments)
+    placed = None
     if body.get("workspace_id") is None:
         body.pop("workspace_id", None)
-        workspace = resolve_workspace(services, principal, body.get("parent_id"))
-        if workspace is not None:
-            body["workspace_id"] = str(workspace)
+        placed = placement.under_parent(
+            services.app,
+            principal,
+            body.get("parent_id"),
+            lambda: placement.default_workspace(services.app, principal),
+        )
     body.setdefault("start_agent", True)  # MCP's default; REST's is false
-    return services.creation.create(principal, body).to_response()
+    return services.creation.create(principal, body, placed).to_response()
 
 
 def get_task(
@@ -65,7 +54,7 @@ def list_tasks(
         query: dict[str, Any] = tools.ListTasksArguments().load(dict(arguments))
     except ValidationError as error:
         raise ValidationFailed("invalid list_tasks arguments", fields=error.messages) from None
-    workspace = query["workspace_id"] or resolve_workspace(services, principal)
+    workspace = query["workspace_id"] or placement.default_workspace(services.app, principal)
     if principal is None or workspace is None or not principal.may_act_on(workspace):
         raise TaskNotFound("task not found")
     items, next_cursor = services.tasks.list(

@@ -10,7 +10,9 @@ request's ``Authorization: Bearer`` header, and nothing else.
 Over HTTP the server keeps no sessions (the SDK's stateless mode: each POST
 gets a transport that ends with it), and ``TokenGate`` refuses a request whose
 token does not authenticate with 401 ``unauthenticated`` before the SDK sees
-it: nobody without a token can make the server hold anything."""
+it: nobody without a token can make the server hold anything. A token holder
+gets only POST (one answer each): a GET would be a stream the stateless server
+never writes to but holds until the client leaves, so it is 405."""
 
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from kandev_es import __version__
 from kandev_es.bootstrap import Services
 from kandev_es.domain.principal import Principal
-from kandev_es.errors import KandevError, Unauthenticated, http_status
+from kandev_es.errors import KandevError, MethodNotAllowed, Unauthenticated, http_status
 from kandev_es.limits import check_json_text
 from kandev_es.mcp import errors, tools
 from kandev_es.mcp.handlers import HANDLERS
@@ -125,7 +127,8 @@ class TokenGate:
     """ASGI in front of the MCP app: an HTTP request goes on only if its bearer
     token authenticates (read afresh, as every REST request does); otherwise it
     is answered 401 ``unauthenticated`` here, before the SDK parses it or builds
-    anything for it. Tool calls still authorize per call (``build_server``)."""
+    anything for it. Then only POST goes on (405 ``method_not_allowed``, Allow:
+    POST). Tool calls still authorize per call (``build_server``)."""
 
     def __init__(self, app: ASGIApp, authenticate: Callable[[str], Principal | None]) -> None:
         self._app = app
@@ -139,8 +142,14 @@ class TokenGate:
         try:
             if secret is None or await anyio.to_thread.run_sync(self._authenticate, secret) is None:
                 raise Unauthenticated("MCP over HTTP needs Authorization: Bearer <a valid token>")
+            if scope["method"] != "POST":
+                raise MethodNotAllowed("this MCP server keeps no sessions: POST each message")
         except KandevError as error:
-            headers = {"WWW-Authenticate": "Bearer"} if isinstance(error, Unauthenticated) else {}
+            headers: dict[str, str] = {}
+            if isinstance(error, Unauthenticated):
+                headers["WWW-Authenticate"] = "Bearer"
+            if isinstance(error, MethodNotAllowed):
+                headers["Allow"] = "POST"
             if http_status(error) == 503:
                 headers["Retry-After"] = "1"
             response = JSONResponse(error.to_dict(), http_status(error), headers=headers)

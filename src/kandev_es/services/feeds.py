@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +21,14 @@ from kandev_es.storage.database import Database
 MAX_PAGE = 1000
 MAX_STREAM_SECONDS = 3600.0
 HEARTBEAT_SECONDS = 5.0
+
+# Why a stream's caller may no longer read it ("token revoked", "workspace
+# deleted"), or None while it still may: asked afresh of the store.
+EndReason = Callable[[], str | None]
+
+
+def _still_allowed() -> str | None:
+    return None
 
 
 @dataclass(frozen=True)
@@ -74,17 +82,31 @@ def sse_stream(
     after: int,
     max_seconds: float,
     poll_seconds: float = 0.5,
+    ended: EndReason = _still_allowed,
 ) -> Iterator[str]:
     """Server-Sent Events: ``id`` is the feed cursor, so a client reconnecting
     with ``Last-Event-ID`` resumes right after the last event it saw. The stream
-    ends after ``max_seconds`` (clients reconnect) or when the store is lost."""
+    ends after ``max_seconds`` (clients reconnect) or when the store is lost.
+
+    ``ended`` is asked before each batch of events is sent and at least every
+    ``HEARTBEAT_SECONDS``: once it names a reason (the token was revoked, the
+    workspace deleted) the stream says so in a last comment and ends, so a
+    revocation reaches an open stream within one heartbeat, and no event read
+    after it is sent."""
     deadline = time.monotonic() + max_seconds
-    beat = time.monotonic()
+    beat = checked = time.monotonic()
     cursor = after
     yield "retry: 1000\n\n"
     while True:
         try:
             items = read_feed(database, workspace_id, cursor, 100)
+            now = time.monotonic()
+            if items or now - checked >= HEARTBEAT_SECONDS:
+                checked = now
+                reason = ended()
+                if reason is not None:
+                    yield f": stream closed: {reason}\n\n"
+                    return
         except StoreUnavailable:
             return
         for item in items:

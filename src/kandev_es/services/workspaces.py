@@ -6,7 +6,6 @@ import uuid
 
 from kandev_es.application import Tasks, VersionConflict
 from kandev_es.domain.errors import DomainRuleBroken
-from kandev_es.domain.principal import Principal
 from kandev_es.domain.workspace import Workspace, workspace_id_for
 from kandev_es.errors import BadRequest, Conflict, WorkspaceExists, WorkspaceNotFound
 from kandev_es.storage.counters import ensure_counter
@@ -14,7 +13,6 @@ from kandev_es.storage.database import Database
 
 # Bounds the walk over a name's deleted incarnations (each one a load).
 MAX_INCARNATIONS = 1000
-OPENED_TOPIC = f"{Workspace.__module__}:{Workspace.Opened.__qualname__}"
 
 
 class WorkspaceService:
@@ -62,18 +60,6 @@ class WorkspaceService:
         if workspace is None or workspace.deleted:
             return None
         return workspace
-
-    def only_live(self, principal: Principal) -> uuid.UUID | None:
-        """The single live workspace the principal may act on, or None when there
-        are none or several: the default for a caller that named none."""
-        found: uuid.UUID | None = None
-        for workspace_id in self._app.originators(OPENED_TOPIC):
-            if not principal.may_act_on(workspace_id) or self.get(workspace_id) is None:
-                continue  # not the caller's, or deleted
-            if found is not None and found != workspace_id:
-                return None
-            found = workspace_id
-        return found
 
     def set_wip_limit(self, workspace_id: uuid.UUID, limit: int | None) -> Workspace:
         def set_limit(workspace: Workspace | None) -> Workspace:
