@@ -11,6 +11,7 @@ from flask_smorest import Blueprint
 from kandev_es import __version__, metrics
 from kandev_es.api import schemas
 from kandev_es.api.context import services
+from kandev_es.storage.durability import durability
 
 blp = Blueprint("health", __name__, description="Health")
 
@@ -40,6 +41,9 @@ class Readyz(MethodView):
             report["schema_problems"] = attestation.problems
         try:
             report["projection_lag"] = svc.projections.lag()
+            found = durability(svc.database)
+            if found is not None:  # informational: a primary alone still serves
+                report["durability"] = found.as_dict()
             store_ok = True
         except Exception as error:  # any storage failure makes us unready
             report["store_error"] = str(error)

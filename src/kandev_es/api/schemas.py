@@ -116,3 +116,17 @@ class ReadinessSchema(Schema):
         keys=fields.String(), values=fields.Integer(), metadata={"description": "events behind"}
     )
     store_error = fields.String()
+    durability = fields.Nested(
+        "DurabilitySchema",
+        metadata={"description": "PostgreSQL only: does a commit wait for a synchronous standby"},
+    )
+
+
+class DurabilitySchema(Schema):
+    synchronous_commit = fields.String(required=True)
+    synchronous_standby_names = fields.String(required=True)
+    synchronous_standbys = fields.Integer(
+        required=True, allow_none=True,
+        metadata={"description": "null: the role may not read pg_stat_replication.sync_state"},
+    )
+    durable = fields.Boolean(required=True, allow_none=True)
