@@ -25,7 +25,13 @@ blp = Blueprint(
     "office", __name__, url_prefix="/api/v1/office/runtime", description="Office runtime"
 )
 
-ERRORS = {400: "bad request", 404: "task not created", 413: "too large", 422: "invalid"}
+ERRORS = {
+    400: "bad request",
+    404: "task not created",
+    413: "too large",
+    422: "invalid",
+    429: "agent_limit_reached: the run's or the workspace's run-started agents are at their limit",
+}
 RUN_CREATE_DOC: dict[str, Any] = {
     "parameters": [
         {
@@ -47,7 +53,7 @@ def document_run_create(target: Blueprint, summary: str) -> Callable[[Any], Any]
     """The OpenAPI of a run-authenticated create: same body and answers as REST."""
 
     def decorate(view: Any) -> Any:
-        for code in (400, 404, 413, 422, 503):
+        for code in (400, 404, 413, 422, 429, 503):
             view = target.alt_response(
                 code, schema=ApiErrorSchema, description=ERRORS.get(code, "down")
             )(view)
