@@ -88,11 +88,14 @@ def db() -> None:
 @store_options
 def db_init() -> None:
     """Create the event store and read-model tables (once, before workers start;
-    again after an upgrade: it is idempotent)."""
+    again after an upgrade: it is idempotent). On PostgreSQL a second line says
+    whether a commit waits for a synchronous standby."""
     settings = store_settings()
     store_exists(settings)  # an unreachable database: one line, before any pool retries
-    init_storage(settings)
+    found = init_storage(settings)
     click.echo(f"initialised {settings.backend}: {settings.location}")
+    if found is not None:  # PostgreSQL: would a commit survive losing this primary?
+        click.echo(found.describe())
 
 
 @main.group()
@@ -323,8 +326,11 @@ def serve(host: str, port: int, workers: int | None, threads: int) -> None:
     from kandev_es.server import first_start, run_server
 
     settings = store_settings()
-    init_storage(settings)  # in the parent, before any worker starts
+    found = init_storage(settings)  # in the parent, before any worker starts
     name_store(settings)
+    if found is not None:
+        logging.getLogger("kandev_es").log(
+            logging.INFO if found.durable else logging.WARNING, "store %s", found.describe())
     first_start(settings, host, port)
     run_server(settings.with_overrides(create_tables=False), host, port, workers, threads)
 
@@ -338,7 +344,8 @@ def serve(host: str, port: int, workers: int | None, threads: int) -> None:
 @store_options
 def mcp_server(over_http: bool, host: str, port: int) -> None:
     """Run the MCP server. stdio acts with the token in KANDEV_TOKEN; --http with
-    each request's Authorization: Bearer header (endpoint /mcp)."""
+    each request's Authorization: Bearer header (endpoint /mcp, POST only, no
+    sessions; a request without a valid token is 401 before anything is kept)."""
     from kandev_es.config import take_mcp_token
     from kandev_es.mcp.server import serve_http, serve_stdio
 

@@ -66,6 +66,10 @@ class Settings:
     run_token_ttl: float = 24 * 3600.0
     # Seconds an audit link (``identity history``'s link to the auditor's page) works.
     audit_link_seconds: float = 900.0
+    # Agents started through run credentials and running at once: per starting
+    # run, and per workspace (README: Security model, Agent fan-out).
+    max_agents_per_run: int = 4
+    max_run_agents_per_workspace: int = 16
 
     @property
     def backend(self) -> str:
@@ -306,6 +310,8 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         max_streams_per_token=_int(env, "KANDEV_MAX_STREAMS_PER_TOKEN", 8),
         run_token_ttl=_float(env, "KANDEV_RUN_TOKEN_TTL", 24 * 3600.0),
         audit_link_seconds=_float(env, "KANDEV_AUDIT_LINK_SECONDS", 900.0),
+        max_agents_per_run=_int(env, "KANDEV_MAX_AGENTS_PER_RUN", 4),
+        max_run_agents_per_workspace=_int(env, "KANDEV_MAX_RUN_AGENTS_PER_WORKSPACE", 16),
         agent_env=tuple(
             name.strip() for name in (env.get("KANDEV_AGENT_ENV") or "").split(",") if name.strip()
         ),

@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+import subprocess
+import sys
 import time
 import uuid
 from http.client import HTTPConnection
@@ -20,7 +22,17 @@ from typing import Any
 import pytest
 
 from kandev_es.config import Settings
-from tests.support.served import ConfServed, Reply, ServedProcess, http, open_event_stream
+from tests.support.served import (
+    ROOT,
+    ConfServed,
+    Reply,
+    ServedProcess,
+    environment,
+    free_port,
+    http,
+    kandev_command,
+    open_event_stream,
+)
 from tests.support.slow_clients import Loiterers, connect, wait_closed
 
 DRIP = 256
@@ -282,3 +294,24 @@ def test_a_chunked_body_over_the_limit_is_413_and_nothing_of_it_is_processed(ser
                   headers={"Content-Type": "application/json"})
     assert (reply2.status, reply2.body["error"]) == (413, "payload_too_large"), reply2.body
     assert not task_exists(server, "CHUNK-BIG")
+
+
+@pytest.mark.parametrize(
+    "name", ["KANDEV_HEADER_TIMEOUT", "KANDEV_BODY_TIMEOUT", "KANDEV_IDLE_TIMEOUT"]
+)
+def test_an_unusable_timeout_stops_both_commands_with_one_line(name: str, tmp_path: Path) -> None:
+    """`kandev-es serve` and the production command refuse a timeout that is not
+    finite positive seconds: exit 2, one line naming the setting, nothing served."""
+    env = environment(Settings(data_dir=tmp_path / "data"), **{name: "nan"})
+    commands = [
+        [*kandev_command(), "serve", "--port", str(free_port())],
+        [sys.executable, "-m", "gunicorn", "-c", str(ROOT / "http" / "gunicorn.conf.py"),
+         "--bind", f"127.0.0.1:{free_port()}", "kandev_es.api:create_app()"],
+    ]
+    for command in commands:
+        done = subprocess.run(
+            command, env=env, capture_output=True, text=True, timeout=60,
+            stdin=subprocess.DEVNULL, check=False,
+        )
+        assert done.returncode == 2, (command, done.stderr)
+        assert done.stderr.strip().count("\n") == 0 and name in done.stderr, done.stderr
