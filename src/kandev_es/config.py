@@ -34,6 +34,13 @@ class Settings:
     # None: the CLI picks (WARNING for one-shot commands, INFO for serve).
     log_level: str | None = None
     lease_seconds: float = 30.0
+    # Bounded recovery (README "Creation steps, recovery, release"): a step
+    # whose effect is made but never proven runs at most step_attempts times;
+    # the Runtime takes one creation over at most recovery_attempts times, the
+    # n-th takeover waiting recovery_backoff_seconds * 2**(n-2) past the lease.
+    step_attempts: int = 3
+    recovery_attempts: int = 5
+    recovery_backoff_seconds: float = 5.0
     # Shell-style command line of the agent launched for start_agent tasks.
     agent_command: str = f"{sys.executable} -m kandev_es.agent.demo"
     public_url: str = "http://127.0.0.1:8000"
@@ -59,6 +66,10 @@ class Settings:
     run_token_ttl: float = 24 * 3600.0
     # Seconds an audit link (``identity history``'s link to the auditor's page) works.
     audit_link_seconds: float = 900.0
+    # Agents started through run credentials and running at once: per starting
+    # run, and per workspace (README: Security model, Agent fan-out).
+    max_agents_per_run: int = 4
+    max_run_agents_per_workspace: int = 16
 
     @property
     def backend(self) -> str:
@@ -263,7 +274,17 @@ def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
 
 def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
     env = os.environ if environ is None else environ
+    step_attempts = _positive_int(env, "KANDEV_STEP_ATTEMPTS", Settings.step_attempts)
+    recovery_attempts = _positive_int(env, "KANDEV_RECOVERY_ATTEMPTS", Settings.recovery_attempts)
+    backoff = _float(env, "KANDEV_RECOVERY_BACKOFF_SECONDS", Settings.recovery_backoff_seconds)
+    if not 0 <= backoff <= 86_400:  # also refuses nan and inf; 0: no backoff
+        raise InvalidSetting(
+            f"KANDEV_RECOVERY_BACKOFF_SECONDS must be seconds in [0, 86400], got {backoff!r}"
+        )
     settings = Settings(
+        step_attempts=step_attempts,
+        recovery_attempts=recovery_attempts,
+        recovery_backoff_seconds=backoff,
         data_dir=Path(env.get("KANDEV_DATA_DIR") or ".kandev-es"),
         database_url=env.get("KANDEV_DATABASE_URL") or None,
         create_tables=_flag(env.get("KANDEV_CREATE_TABLES"), True),
@@ -289,6 +310,8 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         max_streams_per_token=_int(env, "KANDEV_MAX_STREAMS_PER_TOKEN", 8),
         run_token_ttl=_float(env, "KANDEV_RUN_TOKEN_TTL", 24 * 3600.0),
         audit_link_seconds=_float(env, "KANDEV_AUDIT_LINK_SECONDS", 900.0),
+        max_agents_per_run=_int(env, "KANDEV_MAX_AGENTS_PER_RUN", 4),
+        max_run_agents_per_workspace=_int(env, "KANDEV_MAX_RUN_AGENTS_PER_WORKSPACE", 16),
         agent_env=tuple(
             name.strip() for name in (env.get("KANDEV_AGENT_ENV") or "").split(",") if name.strip()
         ),
