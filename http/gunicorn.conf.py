@@ -17,6 +17,16 @@ Environment read here:
                       threads for event streams, default 32)
     KANDEV_TIMEOUT    worker timeout in seconds      (default 60)
 
+The worker class is kandev-es's own (src/kandev_es/http_worker.py): gunicorn
+supervises, waitress serves. One event-driven I/O thread per worker reads each
+request whole (headers, and the body up to KANDEV_MAX_BODY_BYTES, chunked or
+not) before a request thread sees it, so slow or silent clients hold no thread.
+Bounds from the environment (README: Security model, Input limits and streams):
+    KANDEV_HEADER_TIMEOUT   seconds for a request's headers        (default 10)
+    KANDEV_BODY_TIMEOUT     seconds for its body, from its start    (default 30)
+    KANDEV_IDLE_TIMEOUT     seconds a connection may sit idle       (default 5)
+    KANDEV_MAX_CONNECTIONS  open connections per worker             (default 2048)
+
 On the embedded SQLite default there is a single writer: prefer
 `kandev-es serve`, or set KANDEV_WORKERS=1.
 
@@ -38,31 +48,45 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import sys
 
 from kandev_es.config import load_settings
+from kandev_es.errors import InvalidSetting
 from kandev_es.server import gunicorn_settings
 
 
 def _int_env(name: str, default: int) -> int:
     value = os.environ.get(name, "").strip()
-    return int(value) if value else default
+    try:
+        number = int(value) if value else default
+    except ValueError:
+        raise InvalidSetting(f"{name} must be an integer, got {value!r}") from None
+    if number < 1:
+        raise InvalidSetting(f"{name} must be at least 1, got {number}")
+    return number
 
 
 # Workers never create tables; `kandev-es db init` does, once.
 os.environ.setdefault("KANDEV_CREATE_TABLES", "n")
 
 bind = os.environ.get("KANDEV_BIND") or "127.0.0.1:8000"
-workers = _int_env("KANDEV_WORKERS", 2 * multiprocessing.cpu_count())
-# What `kandev-es serve` sets too: worker class, request threads plus one per
-# capped SSE stream (README: Security model), the redacting access log on
-# stdout, timeouts, and the metrics hooks on_starting and child_exit. gunicorn
-# reads this module's names as its settings.
-globals().update(
-    gunicorn_settings(
-        load_settings(), _int_env("KANDEV_THREADS", 8), timeout=_int_env("KANDEV_TIMEOUT", 60)
+# What `kandev-es serve` sets too: worker class (http_worker.py, bound to these
+# settings), request threads plus one per capped SSE stream (README: Security
+# model), the redacting access log on stdout, timeouts, and the metrics hooks
+# on_starting and child_exit. gunicorn reads this module's names as its settings.
+# (gunicorn's keepalive does not apply: KANDEV_IDLE_TIMEOUT closes idle connections.)
+try:
+    workers = _int_env("KANDEV_WORKERS", 2 * multiprocessing.cpu_count())
+    globals().update(
+        gunicorn_settings(
+            load_settings(), _int_env("KANDEV_THREADS", 8), timeout=_int_env("KANDEV_TIMEOUT", 60)
+        )
     )
-)
-keepalive = 5
+except InvalidSetting as error:
+    # A usage error, as `kandev-es` reports it: one line, exit 2 (not gunicorn's
+    # "Failed to read config file" traceback; SystemExit passes through it).
+    print(f"Error: {error.message}", file=sys.stderr)
+    raise SystemExit(2) from None
 errorlog = "-"  # gunicorn's own log on stderr
 loglevel = (os.environ.get("KANDEV_LOG_LEVEL") or "info").lower()
 

@@ -14,15 +14,17 @@ from eventsourcing.application import AggregateNotFoundError, Application
 from eventsourcing.domain import Aggregate
 from eventsourcing.persistence import (
     IntegrityError,
+    InterfaceError,
     Notification,
     OperationalError,
     Recording,
     StoredEvent,
 )
+from eventsourcing.persistence import InternalError as StoreInternalError
 
 from kandev_es.config import Settings
 from kandev_es.errors import Contended, InternalError, StoreUnavailable
-from kandev_es.storage.breaker import StoreBreaker, means_unreachable
+from kandev_es.storage.breaker import StoreBreaker, means_read_only, means_unreachable
 from kandev_es.storage.sqlite_factory import SQLITE_FACTORY_TOPIC
 from kandev_es.storage.sqlite_recorder import SQLITE_RECORDER_TOPIC
 from kandev_es.storage.streams import StreamsAdvanced
@@ -223,7 +225,12 @@ class Tasks(Application):  # type: ignore[type-arg]
         started = breaker.now()
         try:
             yield
-        except OperationalError as error:
+        except (OperationalError, InterfaceError, StoreInternalError) as error:
+            # InternalError only for a standby's read-only refusal (a failover):
+            # the recorder has drained its pool; retrying later is safe.
+            if isinstance(error, StoreInternalError) and not means_read_only(error):
+                breaker.succeeded(started)
+                raise
             if means_unreachable(error):
                 breaker.failed(str(error))
             log.warning("event store call failed after %.2fs: %s", breaker.now() - started, error)

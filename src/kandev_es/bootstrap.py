@@ -31,6 +31,7 @@ from kandev_es.services.workspaces import WorkspaceService
 from kandev_es.storage.attestation import AttestationGuard
 from kandev_es.storage.breaker import StoreBreaker
 from kandev_es.storage.database import Database, PostgresDatabase, SQLiteDatabase
+from kandev_es.storage.durability import Durability, durability
 from kandev_es.storage.schema import create_tables
 
 log = logging.getLogger("kandev_es")
@@ -65,6 +66,8 @@ class Services:
             self.settings.lease_seconds,
             ExitedAgents(data_path(self.settings, "agents"), self.tokens, self.app),
             owner_id,
+            attempts=self.settings.recovery_attempts,
+            backoff_base_seconds=self.settings.recovery_backoff_seconds,
         )
 
     def close(self) -> None:
@@ -129,17 +132,20 @@ def store_exists(settings: Settings) -> bool:
     return bool(found[0][0])
 
 
-def init_storage(settings: Settings) -> None:
-    """Create every table once (``kandev-es db init``, and ``serve`` before workers)."""
+def init_storage(settings: Settings) -> Durability | None:
+    """Create every table once (``kandev-es db init``, and ``serve`` before
+    workers); on PostgreSQL, say whether a commit waits for a synchronous standby."""
     database = open_database(settings)
     try:
         if isinstance(database, PostgresDatabase):
             database.create_schema()
         create_tables(database)
+        found = durability(database)
     finally:
         database.close()
     app = Tasks(settings.with_overrides(create_tables=True))
     app.close()
+    return found
 
 
 def bootstrap(settings: Settings) -> Services:

@@ -88,11 +88,14 @@ def db() -> None:
 @store_options
 def db_init() -> None:
     """Create the event store and read-model tables (once, before workers start;
-    again after an upgrade: it is idempotent)."""
+    again after an upgrade: it is idempotent). On PostgreSQL a second line says
+    whether a commit waits for a synchronous standby."""
     settings = store_settings()
     store_exists(settings)  # an unreachable database: one line, before any pool retries
-    init_storage(settings)
+    found = init_storage(settings)
     click.echo(f"initialised {settings.backend}: {settings.location}")
+    if found is not None:  # PostgreSQL: would a commit survive losing this primary?
+        click.echo(found.describe())
 
 
 @main.group()
@@ -240,13 +243,32 @@ def release(workspace: str, external_id: str, operation_id: str) -> None:
 @click.option(
     "--poll", default=1.0, show_default=True, type=SECONDS, help="seconds between scans"
 )
+@click.option(
+    "--parked",
+    is_flag=True,
+    help="list the unfinished creations taken over KANDEV_RECOVERY_ATTEMPTS times, then exit",
+)
 @store_options
-def runtime(once: bool, poll: float) -> None:
+def runtime(once: bool, poll: float, parked: bool) -> None:
     """Run the fenced recovery Runtime: finish or abort creations whose owner died."""
     services = open_store()
     actor = services.runtime()
     try:
-        if once:
+        if parked:
+            left = actor.parked()
+            for creation in left:
+                _emit(
+                    {
+                        "identity_id": creation.identity_id,
+                        "tenure": creation.tenure,
+                        "workspace_id": creation.workspace_id,
+                        "task_id": creation.task_id,
+                        "phase": creation.phase,
+                        "epoch": creation.epoch,
+                    }
+                )
+            click.echo(f"runtime: {len(left)} creations parked")
+        elif once:
             recoveries = actor.recover_once()
             actor.revoke_exited_agents()
             for recovery in recoveries:
@@ -304,8 +326,11 @@ def serve(host: str, port: int, workers: int | None, threads: int) -> None:
     from kandev_es.server import first_start, run_server
 
     settings = store_settings()
-    init_storage(settings)  # in the parent, before any worker starts
+    found = init_storage(settings)  # in the parent, before any worker starts
     name_store(settings)
+    if found is not None:
+        logging.getLogger("kandev_es").log(
+            logging.INFO if found.durable else logging.WARNING, "store %s", found.describe())
     first_start(settings, host, port)
     run_server(settings.with_overrides(create_tables=False), host, port, workers, threads)
 
@@ -319,7 +344,8 @@ def serve(host: str, port: int, workers: int | None, threads: int) -> None:
 @store_options
 def mcp_server(over_http: bool, host: str, port: int) -> None:
     """Run the MCP server. stdio acts with the token in KANDEV_TOKEN; --http with
-    each request's Authorization: Bearer header (endpoint /mcp)."""
+    each request's Authorization: Bearer header (endpoint /mcp, POST only, no
+    sessions; a request without a valid token is 401 before anything is kept)."""
     from kandev_es.config import take_mcp_token
     from kandev_es.mcp.server import serve_http, serve_stdio
 

@@ -23,10 +23,24 @@ class Settings:
     create_tables: bool = True
     pool_size: int = 5
     max_body_bytes: int = 1_048_576
+    # Seconds a request's headers, and its whole body, may take from its first
+    # byte; seconds a connection may stay open without a request; connections
+    # one worker process holds open (README: Input limits and streams).
+    header_timeout: float = 10.0
+    body_timeout: float = 30.0
+    idle_timeout: float = 5.0
+    max_connections: int = 2048
     projection_poll_seconds: float = 0.2
     # None: the CLI picks (WARNING for one-shot commands, INFO for serve).
     log_level: str | None = None
     lease_seconds: float = 30.0
+    # Bounded recovery (README "Creation steps, recovery, release"): a step
+    # whose effect is made but never proven runs at most step_attempts times;
+    # the Runtime takes one creation over at most recovery_attempts times, the
+    # n-th takeover waiting recovery_backoff_seconds * 2**(n-2) past the lease.
+    step_attempts: int = 3
+    recovery_attempts: int = 5
+    recovery_backoff_seconds: float = 5.0
     # Shell-style command line of the agent launched for start_agent tasks.
     agent_command: str = f"{sys.executable} -m kandev_es.agent.demo"
     public_url: str = "http://127.0.0.1:8000"
@@ -52,6 +66,10 @@ class Settings:
     run_token_ttl: float = 24 * 3600.0
     # Seconds an audit link (``identity history``'s link to the auditor's page) works.
     audit_link_seconds: float = 900.0
+    # Agents started through run credentials and running at once: per starting
+    # run, and per workspace (README: Security model, Agent fan-out).
+    max_agents_per_run: int = 4
+    max_run_agents_per_workspace: int = 16
 
     @property
     def backend(self) -> str:
@@ -239,14 +257,43 @@ def _float(env: Mapping[str, str], name: str, default: float) -> float:
         raise InvalidSetting(f"{name} must be a number, got {raw!r}") from None
 
 
+def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
+    """A finite, positive number of seconds (at most a day)."""
+    value = _float(env, name, default)
+    if not 0 < value <= 86_400:  # also refuses nan and inf
+        raise InvalidSetting(f"{name} must be seconds in (0, 86400], got {value!r}")
+    return value
+
+
+def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
+    value = _int(env, name, default)
+    if value < 1:
+        raise InvalidSetting(f"{name} must be at least 1, got {value!r}")
+    return value
+
+
 def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
     env = os.environ if environ is None else environ
+    step_attempts = _positive_int(env, "KANDEV_STEP_ATTEMPTS", Settings.step_attempts)
+    recovery_attempts = _positive_int(env, "KANDEV_RECOVERY_ATTEMPTS", Settings.recovery_attempts)
+    backoff = _float(env, "KANDEV_RECOVERY_BACKOFF_SECONDS", Settings.recovery_backoff_seconds)
+    if not 0 <= backoff <= 86_400:  # also refuses nan and inf; 0: no backoff
+        raise InvalidSetting(
+            f"KANDEV_RECOVERY_BACKOFF_SECONDS must be seconds in [0, 86400], got {backoff!r}"
+        )
     settings = Settings(
+        step_attempts=step_attempts,
+        recovery_attempts=recovery_attempts,
+        recovery_backoff_seconds=backoff,
         data_dir=Path(env.get("KANDEV_DATA_DIR") or ".kandev-es"),
         database_url=env.get("KANDEV_DATABASE_URL") or None,
         create_tables=_flag(env.get("KANDEV_CREATE_TABLES"), True),
         pool_size=_int(env, "KANDEV_POOL_SIZE", 5),
         max_body_bytes=_int(env, "KANDEV_MAX_BODY_BYTES", 1_048_576),
+        header_timeout=_seconds(env, "KANDEV_HEADER_TIMEOUT", 10.0),
+        body_timeout=_seconds(env, "KANDEV_BODY_TIMEOUT", 30.0),
+        idle_timeout=_seconds(env, "KANDEV_IDLE_TIMEOUT", 5.0),
+        max_connections=_positive_int(env, "KANDEV_MAX_CONNECTIONS", 2048),
         projection_poll_seconds=_float(env, "KANDEV_PROJECTION_POLL_SECONDS", 0.2),
         log_level=env.get("KANDEV_LOG_LEVEL") or None,
         lease_seconds=_float(env, "KANDEV_LEASE_SECONDS", 30.0),
@@ -263,6 +310,8 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         max_streams_per_token=_int(env, "KANDEV_MAX_STREAMS_PER_TOKEN", 8),
         run_token_ttl=_float(env, "KANDEV_RUN_TOKEN_TTL", 24 * 3600.0),
         audit_link_seconds=_float(env, "KANDEV_AUDIT_LINK_SECONDS", 900.0),
+        max_agents_per_run=_int(env, "KANDEV_MAX_AGENTS_PER_RUN", 4),
+        max_run_agents_per_workspace=_int(env, "KANDEV_MAX_RUN_AGENTS_PER_WORKSPACE", 16),
         agent_env=tuple(
             name.strip() for name in (env.get("KANDEV_AGENT_ENV") or "").split(",") if name.strip()
         ),

@@ -273,6 +273,21 @@ class EffectUnproven(EffectFailed):
     code = "effect_unproven"
 
 
+class TooMany(KandevError):
+    """The caller already holds as much as a bound allows; it frees up when
+    what it holds ends."""
+
+    code = "too_many"
+
+
+class AgentLimitReached(TooMany):
+    """An agent run may not start another agent: its own running agents, or
+    the workspace's running agents started by runs, are at their limit
+    (KANDEV_MAX_AGENTS_PER_RUN, KANDEV_MAX_RUN_AGENTS_PER_WORKSPACE)."""
+
+    code = "agent_limit_reached"
+
+
 class Unavailable(KandevError):
     code = "unavailable"
 
@@ -325,6 +340,7 @@ HTTP_STATUS: dict[type[KandevError], int] = {
     RevisionMismatch: 412,
     PayloadTooLarge: 413,
     ValidationFailed: 422,
+    TooMany: 429,
     EffectFailed: 502,
     Unavailable: 503,
 }

@@ -49,8 +49,13 @@ def first_start(settings: Settings, host: str, port: int) -> None:
 def gunicorn_settings(settings: Settings, threads: int, timeout: int = 60) -> dict[str, Any]:
     """The gunicorn settings `kandev-es serve` and http/gunicorn.conf.py share:
     `threads` request threads per worker, hooks, logging."""
+    # Imported here: the master needs it only when it starts (not for the CLI's --help).
+    from kandev_es.http_worker import worker_class
+
     return {
-        "worker_class": "gthread",
+        # gunicorn supervises, waitress serves: a request reaches a thread only
+        # once it has fully arrived, within bounded times (http_worker.py).
+        "worker_class": worker_class(settings),
         # Each open stream holds a thread; give the capped streams their
         # own so `threads` stay free for requests (streams beyond get 503).
         "threads": threads + settings.max_streams,

@@ -8,9 +8,6 @@ gunicorn's child_exit retires its open-stream gauge. Both backends."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -24,64 +21,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kandev_es.config import Settings, metrics_dir
 from tests.support.load import sigkill, wait_for_workers
-from tests.support.served import (
-    Launched,
-    ServedProcess,
-    environment,
-    free_port,
-    http,
-    kandev_command,
-    open_event_stream,
-)
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.served import ConfServed, ServedProcess, http, open_event_stream
 
 ROUND = 8
 MAX_ROUNDS = 30
 SCRAPES = 6
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-class ConfServed(ServedProcess):
-    """The README's production command with KANDEV_WORKERS=2: tables, a workspace
-    and an admin token made with the CLI first, then gunicorn with our config."""
-
-    def __init__(self, settings: Settings, log_dir: Path) -> None:
-        self.port = free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        env = {
-            "KANDEV_BIND": f"127.0.0.1:{self.port}",
-            "KANDEV_WORKERS": "2",
-            "KANDEV_THREADS": "4",
-            "KANDEV_PUBLIC_URL": self.base,
-        }
-
-        def cli(*args: str) -> dict[str, str]:
-            done = subprocess.run(
-                [*kandev_command(), *args], env=environment(settings, **env),
-                capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
-                check=False,
-            )
-            assert done.returncode == 0, done.stderr
-            lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-            return json.loads(lines[-1]) if lines else {}
-
-        cli("db", "init")
-        self.workspace_id = cli("workspace", "create", f"metrics-{self.port}")["id"]
-        self.token = cli("token", "create", "--admin")["token"]
-        Launched.__init__(
-            self,
-            ["-c", str(ROOT / "http" / "gunicorn.conf.py"), "kandev_es.api:create_app()"],
-            settings,
-            log_dir / f"gunicorn-{self.port}.log",
-            [sys.executable, "-m", "gunicorn"],
-            **env,
-        )
-        try:
-            self.wait_healthy()
-        except BaseException:
-            self.stop()
-            raise
 
 
 Launch = Callable[[], ServedProcess]

@@ -16,7 +16,7 @@ from http.client import HTTPConnection, HTTPException, HTTPResponse
 import pytest
 
 from kandev_es.services.feeds import HEARTBEAT_SECONDS
-from tests.support.served import ServedProcess, http
+from tests.support.served import ServedProcess, http, run_cli
 
 # One heartbeat, plus room for a poll, the check's reads and a loaded machine.
 ENDS_WITHIN_S = HEARTBEAT_SECONDS + 5.0
@@ -118,11 +118,28 @@ def test_a_revoked_tokens_open_stream_ends_within_a_heartbeat_and_gets_nothing_a
     assert took < ENDS_WITHIN_S, took
     assert ": stream closed: token revoked" in stream.lines
     assert "AFTER-REVOKE" not in stream.text()
+    assert stream.lines[-2:] == [": stream closed: token revoked", ""]
     # The token opens no new stream either.
     again = http(
         "GET", f"{server.base}/api/v1/workspaces/{server.workspace_id}/events/stream", secret,
     )
     assert again.status == 404
+
+
+def test_an_idle_stream_ends_within_a_heartbeat_of_a_cli_revocation(settings, server):
+    secret, token_id = _member(server, "idle-reader")
+    stream = StreamReader(server, secret, server.workspace_id)
+    try:
+        time.sleep(0.5)  # the stream is in its idle poll, no event will wake it
+        revoked = run_cli(settings, "token", "revoke", token_id)  # another process
+        revoked_at = time.monotonic()
+        assert revoked.returncode == 0, revoked.stderr
+        assert stream.ended.wait(ENDS_WITHIN_S + 1.0), f"still open:\n{stream.text()}"
+        took = stream.ended_at - revoked_at
+    finally:
+        stream.close()
+    assert took < ENDS_WITHIN_S, took
+    assert ": stream closed: token revoked" in stream.lines
 
 
 def test_a_deleted_workspaces_open_stream_ends_within_a_heartbeat(server):

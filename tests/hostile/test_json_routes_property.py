@@ -1,11 +1,12 @@
 """Every JSON route in http/openapi.json (an operation whose requestBody takes
 application/json), against a real `kandev-es serve` on both backends, with the
-admin token and real ids in the path: bodies shaped like a valid one with one
-field made hostile — lone surrogates, NUL, huge and non-finite numbers (2**70,
-1e400, -0, NaN), number-like strings, deep nesting, wrong types — and bodies of
-arbitrary hostile JSON. Every answer is a 4xx (or a 2xx where the input happens
-to be valid), never a 5xx and never a hang (each request has a 20 s timeout),
-and the server logs no unhandled error.
+admin token and real ids in the path — and every MCP tool, against a real
+`kandev-es mcp --http`, with a workspace token and a real task id. Bodies
+shaped like a valid one with one field made hostile — lone surrogates, NUL,
+huge and non-finite numbers (2**70, 1e400, -0, NaN), number-like strings, deep
+nesting, wrong types — and bodies of arbitrary hostile JSON. Every answer is a
+4xx (or a 2xx where the input happens to be valid), never a 5xx and never a
+hang (each request has a 20 s timeout), and the server logs no unhandled error.
 
 Bounded: a fixed number of examples per backend, derandomized so a failure
 reproduces; the shrunk failing request is printed."""
@@ -19,13 +20,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given
+from hypothesis import settings as settings_
 from hypothesis import strategies as st
 
-from tests.support.served import ServedProcess, http
+from kandev_es.mcp.tools import TOOLS
+from tests.support.mcp_client import raw_tool_call, server_env
+from tests.support.served import ServedMcp, ServedProcess, http
 
 SPEC = Path(__file__).resolve().parents[2] / "http" / "openapi.json"
 EXAMPLES = 600
+MCP_EXAMPLES = 150
 UNKNOWN_FIELD = "__not_a_field__"
 
 
@@ -113,24 +118,30 @@ def nest(depth: int, bracket: str) -> Any:
 
 def valid_value(name: str, spec: dict[str, Any], ids: dict[str, str]) -> Any:
     """A value the field accepts (or None to leave it out)."""
-    if name == "workspace_id":
-        return ids["workspace_id"]
-    if spec.get("format") == "uuid" or name in ("external_id", "start_agent"):
-        return None  # no parent, no identity (a Found would skip validation), no agent
+    kind = spec.get("type")
+    nullable = bool(spec.get("nullable"))
+    if isinstance(kind, list):  # JSON Schema's ["string", "null"] (the MCP tools)
+        nullable = "null" in kind
+        kind = next((k for k in kind if k != "null"), None)
+    if name in ("workspace_id", "task_id"):
+        return ids[name]
+    if name == "start_agent":
+        return False  # MCP's default is true: no agent unless a hostile value says so
+    if spec.get("format") == "uuid" or name == "external_id":
+        return None  # no parent, no identity (a Found would skip validation)
     if "enum" in spec:
         return spec["enum"][0]
-    kind = spec.get("type")
     if kind == "boolean":
         return False
     if kind == "integer":
-        return None if spec.get("nullable") else spec.get("minimum", 1)
+        return None if nullable else spec.get("minimum", 1)
     if kind == "array":
         return []
     if name == "path":
         return "/nonexistent/repository"
     if name == "workflow":
         return "default"
-    return None if spec.get("nullable") else f"ok-{uuid.uuid4().hex[:8]}"
+    return None if nullable else f"ok-{uuid.uuid4().hex[:8]}"
 
 
 def valid_body(schema: dict[str, Any], ids: dict[str, str]) -> dict[str, Any]:
@@ -148,6 +159,13 @@ def requests(draw: st.DrawFn, ids: dict[str, str]) -> tuple[str, str, bytes]:
     path = template.replace("{workspace_id}", ids["workspace_id"]).replace(
         "{task_id}", ids["task_id"]
     )
+    return method, path, dumps(draw(hostile_body(schema, ids)))
+
+
+@st.composite
+def hostile_body(draw: st.DrawFn, schema: dict[str, Any], ids: dict[str, str]) -> Any:
+    """A valid-shaped body with one field (or one array item, or an unknown
+    key) made hostile, or arbitrary hostile JSON."""
     mode = draw(st.sampled_from(["one_bad_field", "one_bad_item", "arbitrary"]))
     body: Any
     if mode == "arbitrary":
@@ -161,7 +179,7 @@ def requests(draw: st.DrawFn, ids: dict[str, str]) -> tuple[str, str, bytes]:
             body[field] = ["ok", bad]
         else:
             body[field] = bad
-    return method, path, dumps(body)
+    return body
 
 
 @pytest.fixture
@@ -192,7 +210,7 @@ def test_hostile_bodies_on_every_json_route_get_a_4xx_never_a_5xx(server: Served
     ids = {"workspace_id": server.workspace_id, "task_id": made.body["id"]}
     answered: dict[int, int] = {}
 
-    @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
+    @settings_(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
               suppress_health_check=list(HealthCheck))
     @given(requests(ids))
     def answers_below_500(request: tuple[str, str, bytes]) -> None:
@@ -207,3 +225,46 @@ def test_hostile_bodies_on_every_json_route_get_a_4xx_never_a_5xx(server: Served
     print("statuses:", dict(sorted(answered.items())))
     assert "unhandled error" not in server.output(), server.log()
     assert any(400 <= status < 500 for status in answered), answered
+
+
+@pytest.mark.timeout(600)
+def test_hostile_arguments_to_every_mcp_tool_get_a_4xx_never_a_5xx(
+    settings: Any, services: Any, workspace: Any, member: Any, tmp_path: Path
+):
+    """Each answer is an HTTP 4xx (the SDK refused the JSON-RPC request), or a
+    tool result whose status is below 500 — never an HTTP 5xx, never a tool
+    error with status 500 (internal_error)."""
+    _, secret = member
+    ids = {"workspace_id": str(workspace.id)}
+    answered: dict[str, int] = {}
+    with ServedMcp(settings, tmp_path, **server_env(settings)) as served:
+        made = raw_tool_call(served.url, secret, "create_task_kandev",
+                             '{"title": "target", "start_agent": false}')
+        ids["task_id"] = made[1]["result"]["structuredContent"]["id"]
+
+        @settings_(max_examples=MCP_EXAMPLES, deadline=None, derandomize=True, database=None,
+                   suppress_health_check=list(HealthCheck))
+        @given(st.sampled_from(TOOLS).flatmap(
+            lambda tool: st.tuples(st.just(tool.name), hostile_body(tool.input_schema, ids))))
+        def answers_below_500(call: tuple[str, Any]) -> None:
+            tool, arguments = call
+            status, reply = raw_tool_call(served.url, secret, tool, dumps(arguments).decode())
+            where = (tool, dumps(arguments)[:300], status, reply)
+            assert status < 500, where
+            result = (reply or {}).get("result")
+            if result is None:
+                assert 400 <= status < 500 or "error" in (reply or {}), where
+                answered["refused by the SDK"] = answered.get("refused by the SDK", 0) + 1
+                return
+            content = result.get("structuredContent") or {}
+            if result.get("isError"):
+                assert content.get("status", 500) < 500, where
+                key = str(content.get("status"))
+            else:
+                key = "ok"
+            answered[key] = answered.get(key, 0) + 1
+
+        answers_below_500()
+        output = served.output()
+    print("answers:", answered)
+    assert "unhandled error" not in output, output[-4000:]

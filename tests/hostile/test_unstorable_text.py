@@ -19,7 +19,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from kandev_es.bootstrap import Services, bootstrap
-from tests.support.mcp_client import call, server_env
+from tests.support.mcp_client import call, raw_tool_call, server_env
 from tests.support.served import ServedMcp, ServedProcess, http
 
 SURROGATE = "\\ud800"  # as a JSON escape: json.dumps cannot write a lone one itself
@@ -163,9 +163,9 @@ def test_numbers_that_are_not_finite_are_400_malformed_json(server, store):
 @pytest.mark.anyio
 async def test_mcp_tool_arguments_get_the_same_check(settings, services, workspace, member,
                                                       tmp_path):
-    """Over `kandev-es mcp --http` the SDK parses the JSON; NUL, which its
-    parser lets through, reaches the same check (a surrogate escape is refused
-    by the SDK's parser before any tool runs)."""
+    """Over `kandev-es mcp --http` the SDK parses the JSON; NUL, NaN and 1e400,
+    which its parser lets through, reach the same check as a REST body (a lone
+    surrogate escape is refused by the SDK's parser before any tool runs)."""
     _, secret = member
     with ServedMcp(settings, tmp_path, **server_env(settings)) as served:
         before = services.app.max_notification_id()
@@ -177,8 +177,19 @@ async def test_mcp_tool_arguments_get_the_same_check(settings, services, workspa
                     await call(mcp, "create_task_kandev", title="t", attachments=["\x00"]),
                     await call(mcp, "update_task", task_id=str(workspace.id), title="\x00"),
                 ]
+        raw = [raw_tool_call(served.url, secret, "create_task_kandev", arguments) for arguments in (
+            '{"title": "a\\ud800"}', '{"title": "t", "description": 1e400}',
+            '{"title": "t", "x": NaN}',
+        )]
     for error, body in replies:
         assert error and (body["error"], body["status"]) == ("invalid_text", 400), body
         assert body["details"]["reason"] == "nul"
+    # The SDK's own parser refuses a lone surrogate escape: HTTP 400, JSON-RPC parse error.
+    assert (raw[0][0], raw[0][1]["error"]["code"]) == (400, -32700), raw[0]
+    for status, body in raw[1:]:
+        result = body["result"]
+        assert status == 200 and result["isError"], body
+        assert (result["structuredContent"]["error"], result["structuredContent"]["status"]) == (
+            "malformed_json", 400), body
     assert services.app.max_notification_id() == before
     assert json.loads(json.dumps(replies))  # the answers themselves encode

@@ -103,16 +103,20 @@ def test_help_shows_whole_summaries(tmp_path):
 def test_db_init_prints_backend_and_location_without_secrets(settings):
     result = _run(settings, "db", "init")
     assert result.returncode == 0, result.stderr
-    [line] = result.stdout.splitlines()
+    lines = result.stdout.splitlines()
+    line = lines[0]
     if settings.database_url:
         from urllib.parse import urlsplit
+
+        # The suite's single server has no standby: the second line says so.
+        assert len(lines) == 2 and lines[1].startswith("NOT durable (")
 
         password = urlsplit(settings.database_url).password
         assert line.startswith("initialised postgres: postgresql://")
         assert password is None or password not in result.stdout + result.stderr
         assert urlsplit(settings.database_url).hostname in line
     else:
-        assert line == f"initialised sqlite: {settings.sqlite_path.resolve()}"
+        assert lines == [f"initialised sqlite: {settings.sqlite_path.resolve()}"]
 
 
 def test_commands_are_quiet_unless_asked(settings):

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import httpx
 from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
@@ -47,3 +49,20 @@ async def call(client: Client, tool: str, **arguments: Any) -> tuple[bool, dict[
     result = await client.call_tool(tool, arguments)
     assert result.structured_content is not None, result
     return bool(result.is_error), dict(result.structured_content)
+
+
+def raw_tool_call(url: str, secret: str, tool: str, arguments: str) -> tuple[int, Any]:
+    """One ``tools/call`` on the stateless `mcp --http` endpoint whose
+    arguments are the JSON text given (what the SDK's client cannot send: a lone
+    surrogate escape, NaN, 1e400): the HTTP status and the JSON-RPC answer."""
+    envelope = ('{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": '
+                '{"name": TOOL, "arguments": ARGUMENTS}}')
+    body = envelope.replace("TOOL", json.dumps(tool)).replace("ARGUMENTS", arguments)
+    reply = httpx.post(url, content=body.encode(), timeout=20, headers={
+        "Authorization": f"Bearer {secret}", "Content-Type": "application/json",
+        "Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2025-06-18",
+    })
+    text = reply.text
+    if text.startswith("event:"):  # one server-sent event carrying the JSON-RPC answer
+        text = next(line[5:] for line in text.splitlines() if line.startswith("data:"))
+    return reply.status_code, json.loads(text) if text.strip() else None

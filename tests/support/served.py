@@ -24,6 +24,7 @@ from typing import Any
 from kandev_es.config import Settings
 from kandev_es.domain.agent_session import session_id_for
 
+ROOT = Path(__file__).resolve().parents[2]
 WAIT_S = 30.0
 BIND_ATTEMPTS = 3
 ADDRESS_IN_USE = "Address already in use"
@@ -273,6 +274,52 @@ class ServedProcess(Launched):
                 break
             time.sleep(0.1)
         raise AssertionError("server not healthy:\n" + self.log())
+
+
+class ConfServed(ServedProcess):
+    """The README's production command, `kandev-es db init && gunicorn -c
+    http/gunicorn.conf.py 'kandev_es.api:create_app()'` (KANDEV_WORKERS=2 unless
+    ``extra_env`` says otherwise): tables, a workspace and an admin token made
+    with the CLI first, then gunicorn with our config."""
+
+    def __init__(self, settings: Settings, log_dir: Path, **extra_env: str) -> None:
+        self._earlier = ""
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        env = {
+            "KANDEV_BIND": f"127.0.0.1:{self.port}",
+            "KANDEV_WORKERS": "2",
+            "KANDEV_THREADS": "4",
+            "KANDEV_PUBLIC_URL": self.base,
+            **extra_env,
+        }
+
+        def cli(*args: str) -> dict[str, str]:
+            done = subprocess.run(
+                [*kandev_command(), *args], env=environment(settings, **env),
+                capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+                check=False,
+            )
+            assert done.returncode == 0, done.stderr
+            lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+            return json.loads(lines[-1]) if lines else {}
+
+        cli("db", "init")
+        self.workspace_id = cli("workspace", "create", f"conf-{self.port}")["id"]
+        self.token = cli("token", "create", "--admin")["token"]
+        Launched.__init__(
+            self,
+            ["-c", str(ROOT / "http" / "gunicorn.conf.py"), "kandev_es.api:create_app()"],
+            settings,
+            _fresh_log(log_dir, f"gunicorn-{self.port}"),
+            [sys.executable, "-m", "gunicorn"],
+            **env,
+        )
+        try:
+            self.wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
 
 
 class ServedMcp(Launched):

@@ -284,6 +284,7 @@ CHANGED = {
     "repository_paths": {"app": "/srv/elsewhere"},
     "wip_limit": 3,
     "steps": ["branch"],
+    "started_by_run": "3f0c0a7e-0000-5000-8000-000000000003",
 }
 
 
@@ -333,7 +334,13 @@ def test_manifest_is_json_and_carries_every_field() -> None:
     assert json.loads(json.dumps(manifest)) == manifest
     assert manifest["workspace_id"] == str(WORKSPACE)
     assert manifest["parent_id"] == str(parent)
-    assert set(manifest) == {f.name for f in dataclasses.fields(CreationPlan)}
+    # started_by_run only when a run asked: other plans keep their manifest.
+    assert set(manifest) == {f.name for f in dataclasses.fields(CreationPlan)} - {
+        "started_by_run"
+    }
+    by_run = make_plan(started_by_run="run-1").to_manifest()
+    assert set(by_run) == {f.name for f in dataclasses.fields(CreationPlan)}
+    assert by_run["started_by_run"] == "run-1"
 
 
 plans = st.builds(

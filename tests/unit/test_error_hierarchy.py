@@ -37,6 +37,7 @@ STATUS = {
     413: "PayloadTooLarge",
     422: "ValidationFailed RepositoryNotAllowed RepositoryNotTopLevel UnknownReference"
     " OperationIdReused",
+    429: "TooMany AgentLimitReached",
     500: "KandevError InvalidSetting",
     502: "EffectFailed RepositoryEffectFailed AgentLaunchFailed EffectUnproven",
     503: "Unavailable StreamLimitReached SchemaNotAttested StoreUnavailable CreationHandedOver"

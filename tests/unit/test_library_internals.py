@@ -328,6 +328,8 @@ def test_event_store_pool_is_built_closed_and_connects_with_its_conninfo_and_kwa
         "POSTGRES_USER": "u", "POSTGRES_PASSWORD": "",
     })
     pool = factory.datastore.pool
+    assert callable(getattr(pool, "drain", None)), _changed(
+        "psycopg_pool", "ConnectionPool.drain()", "storage/recorders.py, storage/database.py")
     assert pool.closed, _changed(
         "eventsourcing", "PostgresDatastore's pool built closed (open=False)",
         "storage/recorders.py")

@@ -37,6 +37,16 @@ def _runs_by_pid() -> dict[int, set[bytes]]:
     return found
 
 
+def runs_as(pid: int, run_id: str) -> bool:
+    """Whether ``pid`` is a live process of run ``run_id`` (a reused pid, or
+    one of another run, is not)."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return False
+    return RUN_ID_VARIABLE + run_id.encode() in environ.split(b"\x00") and _alive(pid)
+
+
 def processes_for_run(run_id: str) -> list[int]:
     """Live pids whose environment carries KANDEV_RUN_ID=<run_id>."""
     wanted = run_id.encode()

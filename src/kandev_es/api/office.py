@@ -14,8 +14,9 @@ from typing import Any
 from flask.views import MethodView
 from flask_smorest import Blueprint
 
-from kandev_es.api import schemas
 from kandev_es.api.context import RUN_ID_HEADER, json_object, run_principal, services
+from kandev_es.api.errors import ApiErrorSchema
+from kandev_es.creation.outcomes import CreateTaskResponseSchema
 from kandev_es.creation.placement import Placement, under_parent
 from kandev_es.creation.request import CreateTaskRequestSchema
 from kandev_es.domain.principal import Principal
@@ -24,7 +25,13 @@ blp = Blueprint(
     "office", __name__, url_prefix="/api/v1/office/runtime", description="Office runtime"
 )
 
-ERRORS = {400: "bad request", 404: "task not created", 413: "too large", 422: "invalid"}
+ERRORS = {
+    400: "bad request",
+    404: "task not created",
+    413: "too large",
+    422: "invalid",
+    429: "agent_limit_reached: the run's or the workspace's run-started agents are at their limit",
+}
 RUN_CREATE_DOC: dict[str, Any] = {
     "parameters": [
         {
@@ -46,11 +53,11 @@ def document_run_create(target: Blueprint, summary: str) -> Callable[[Any], Any]
     """The OpenAPI of a run-authenticated create: same body and answers as REST."""
 
     def decorate(view: Any) -> Any:
-        for code in (400, 404, 413, 422, 503):
+        for code in (400, 404, 413, 422, 429, 503):
             view = target.alt_response(
-                code, schema=schemas.ApiErrorSchema, description=ERRORS.get(code, "down")
+                code, schema=ApiErrorSchema, description=ERRORS.get(code, "down")
             )(view)
-        view = target.response(200, schemas.CreateTaskResponseSchema)(view)
+        view = target.response(200, CreateTaskResponseSchema)(view)
         return target.doc(summary=summary, **RUN_CREATE_DOC)(view)
 
     return decorate

@@ -22,6 +22,7 @@ from kandev_es.creation.handles import Handle, handle_hash, new_secret
 from kandev_es.creation.outcomes import CreateResult, Outcome
 from kandev_es.creation.placement import Placement, requested
 from kandev_es.creation.request import load_create_request
+from kandev_es.creation.steps.agent_launch import agent_limit_refusal
 from kandev_es.creation.steps.registry import plan_step_names
 from kandev_es.creation.validation import validate_against_workspace
 from kandev_es.domain import creation
@@ -36,6 +37,7 @@ from kandev_es.errors import (
     Conflict,
     CreationHandedOver,
     InvalidExternalId,
+    KandevError,
     TaskNotCreated,
 )
 from kandev_es.storage.attestation import AttestationGuard
@@ -144,6 +146,7 @@ class CreationService:
             # The validated fields hold all the step rules read (attachments,
             # repositories and their paths, start_agent, wip_limit).
             steps=plan_step_names(fields),
+            started_by_run=principal.run_id,
             **fields,
         )
         return self._claim_and_settle(principal, plan, new_secret(), identity, workspace)
@@ -220,12 +223,19 @@ class CreationService:
 
     def _admit(self, plan: CreationPlan) -> Workspace | CreateResult:
         """Admission, the pre-insert re-read: the workspace must still accept
-        creates (and have capacity). On refusal the identity is re-read first,
+        creates (and have capacity; a run starting an agent, an agent slot:
+        steps/agent_launch.agent_limit_refusal). On refusal the identity is re-read first,
         so a holder still answers Found. Returns the workspace as read now."""
         ids = [plan.workspace_id, wip_ledger_id(plan.workspace_id)]
         reads = self._app.read_many(ids)
         current = as_kind(reads[plan.workspace_id], Workspace)
-        refusal = creation.admission_refusal(current, as_kind(reads[ids[1]], WipLedger))
+        refusal: KandevError | None = creation.admission_refusal(
+            current, as_kind(reads[ids[1]], WipLedger)
+        )
+        if refusal is None and plan.start_agent:
+            refusal = agent_limit_refusal(
+                self._settings, str(plan.workspace_id), plan.started_by_run
+            )
         if refusal is None:
             assert current is not None
             return current

@@ -20,7 +20,7 @@ FAILED = "failed"
 
 # Per step kind (the step name before ":"), the evidence keys anyone may read.
 _SHOWN_EVIDENCE: dict[str, frozenset[str]] = {
-    "agent_launch": frozenset({"run_id", "adopted"}),
+    "agent_launch": frozenset({"run_id", "adopted", "started_by_run"}),
     "agent_session": frozenset({"session_id", "run_id", "profile"}),
     "repository": frozenset({"repository", "branch", "head"}),
     "attachment": frozenset({"sha256", "claimed_by"}),

@@ -31,6 +31,10 @@ class CreationPlan:
     wip_limit: int | None = None
     # Names of the effect steps the creation must prove before Completing.
     steps: list[str] = field(default_factory=list)
+    # The run whose credential asked for this task (an agent creating tasks);
+    # its agent counts against that run's and the workspace's agent limits.
+    # Left out of the manifest when None, so other plans keep their manifest.
+    started_by_run: str | None = None
 
     def to_manifest(self) -> dict[str, Any]:
         """The manifest, built once per plan (a create needs it several times);
@@ -44,6 +48,8 @@ class CreationPlan:
         manifest: dict[str, Any] = {}
         for item in fields(self):
             value = getattr(self, item.name)
+            if item.name == "started_by_run" and value is None:
+                continue
             manifest[item.name] = value.copy() if isinstance(value, list | dict) else value
         manifest["workspace_id"] = str(self.workspace_id)
         manifest["parent_id"] = str(self.parent_id) if self.parent_id else None

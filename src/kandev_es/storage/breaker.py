@@ -26,6 +26,50 @@ def means_unreachable(error: BaseException) -> bool:
     return isinstance(error, PoolTimeout) or isinstance(error.__cause__, PoolTimeout)
 
 
+# SQLSTATEs that say this connection's server is not (or no longer) a usable
+# primary: a standby or a node gone read-only (25006), a server shutting down,
+# crashed or starting (57P01-57P04), a broken connection (class 08).
+_READ_ONLY = "25006"
+_NODE_GONE_CLASSES = ("57P", "08")
+
+
+def _psycopg_error(error: BaseException) -> BaseException | None:
+    import psycopg
+
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, psycopg.Error):
+            return seen
+        seen = seen.__cause__
+    return None
+
+
+def means_read_only(error: BaseException) -> bool:
+    """The server refused a write as read-only: a standby, or a primary being
+    demoted (SQLSTATE 25006, ``cannot execute ... in a read-only transaction``)."""
+    found = _psycopg_error(error)
+    return found is not None and getattr(found, "sqlstate", None) == _READ_ONLY
+
+
+def means_node_lost(error: BaseException) -> bool:
+    """This connection's server is gone or is the wrong one, as in a failover:
+    read-only (a standby), shut down, crashed, starting up, or the connection
+    broke. Every pooled connection made before it is suspect (they were opened
+    to the same node), so the pool is drained; new ones go where the URL's
+    ``target_session_attrs`` finds the primary. A pool timeout is not this
+    (nothing was reached: see ``means_unreachable``), nor is a query-level
+    failure such as a deadlock."""
+    import psycopg
+
+    found = _psycopg_error(error)
+    if found is None or means_unreachable(error):
+        return False
+    state = getattr(found, "sqlstate", None)
+    if state is None:  # psycopg's own: the connection closed or broke under us
+        return isinstance(found, (psycopg.OperationalError, psycopg.InterfaceError))
+    return bool(state == _READ_ONLY or str(state).startswith(_NODE_GONE_CLASSES))
+
+
 class StoreBreaker:
     def __init__(
         self, probe_interval: float = 0.5, clock: Callable[[], float] = time.monotonic

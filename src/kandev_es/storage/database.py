@@ -13,7 +13,12 @@ from typing import Any, Protocol
 
 from kandev_es.config import PostgresTarget
 from kandev_es.errors import StoreUnavailable
-from kandev_es.storage.breaker import StoreBreaker, means_unreachable
+from kandev_es.storage.breaker import (
+    StoreBreaker,
+    means_node_lost,
+    means_read_only,
+    means_unreachable,
+)
 
 Row = tuple[Any, ...]
 
@@ -146,10 +151,19 @@ class PostgresDatabase:
         try:
             with self._pool.connection() as connection, connection.transaction():
                 yield _PostgresTransaction(connection)
-        except (psycopg.OperationalError, PoolTimeout) as error:
+        except (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeout) as error:
             if means_unreachable(error):
                 self.breaker.failed(str(error))
+            elif means_node_lost(error):
+                self._pool.drain()  # every connection to that node: closed, not reused
             raise StoreUnavailable(f"database unavailable: {error}") from None
+        except psycopg.Error as error:
+            if not means_read_only(error):
+                self.breaker.succeeded(started)
+                raise
+            # A standby, or a primary being demoted: a failover under way.
+            self._pool.drain()
+            raise StoreUnavailable(f"database node is read-only (failover?): {error}") from None
         except BaseException:
             self.breaker.succeeded(started)
             raise

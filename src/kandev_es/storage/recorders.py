@@ -7,7 +7,9 @@ imported only when the database URL is PostgreSQL, psycopg being an extra):
   for about fifty seconds. Here a failed call is retried once, after the pool
   has dropped its broken connections (a restart kills them all at once); a
   second failure is final and the caller answers 503 (``StoreBreaker`` answers
-  the calls after it at once).
+  the calls after it at once). A failover's errors (a standby's read-only
+  refusal, a node shutting down: ``breaker.means_node_lost``) drain the whole
+  pool first, so no connection to the old node is used again.
 - **several streams in one query** (``select_streams``): the events after a
   given version of each of several aggregates, so a retry's Found costs one
   round trip instead of one per aggregate.
@@ -48,6 +50,7 @@ from psycopg.rows import dict_row, tuple_row
 from psycopg.sql import SQL, Identifier
 from psycopg_pool import PoolTimeout
 
+from kandev_es.storage.breaker import means_node_lost
 from kandev_es.storage.counters import sequence_name
 from kandev_es.storage.event_sql import insert_function, save_procedure, upgrade_statement
 from kandev_es.storage.pools import serve_most_recent_first
@@ -71,15 +74,25 @@ def _retry_once_after_pool_check(method: F) -> F:
         started = time.monotonic()
         try:
             return method(self, *args, **kwargs)
-        except (InterfaceError, OperationalError) as error:
-            # Retry only what a restart leaves behind: a pooled connection that
-            # failed at once. A pool timeout or a slow failure means the database
-            # is unreachable, and waiting again would only double the wait.
+        except (InterfaceError, OperationalError, persistence.InternalError) as error:
+            lost = means_node_lost(error)
+            if isinstance(error, persistence.InternalError) and not lost:
+                raise  # a query-level failure: not the connection's fault
+            if lost:
+                # A standby's read-only refusal or a node going away (a
+                # failover): none of the pool's connections to that node is
+                # reused; new ones find the primary through the URL.
+                self.datastore.pool.drain()
+            # Retry only what a restart or a failover leaves behind: a pooled
+            # connection that failed at once. A pool timeout or a slow failure
+            # means the database is unreachable, and waiting again would only
+            # double the wait. A read-only refusal wrote nothing.
             if isinstance(error.__cause__, PoolTimeout) or (
                 time.monotonic() - started > FAST_FAILURE_S
             ):
                 raise
-            self.datastore.pool.check()  # drop dead connections, start new ones
+            if not lost:
+                self.datastore.pool.check()  # drop dead connections, start new ones
             return method(self, *args, **kwargs)
 
     return call  # type: ignore[return-value]

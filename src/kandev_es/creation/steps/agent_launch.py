@@ -4,21 +4,25 @@ witness; without one, the world (/proc) is asked whether the run exists."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
 import shlex
 import subprocess
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from kandev_es.agent.census import running_launches
 from kandev_es.agent.processes import processes_for_run, stop_run
 from kandev_es.application import Tasks
-from kandev_es.config import agent_environment, data_path
+from kandev_es.config import Settings, agent_environment, data_path
 from kandev_es.creation.steps.base import RunCredentials, StepContext, StepFailed
 from kandev_es.domain.agent_session import session_id_for
 from kandev_es.domain.token import RunCredentialRevoked
-from kandev_es.errors import AgentLaunchFailed
+from kandev_es.errors import AgentLaunchFailed, AgentLimitReached
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +40,49 @@ def _reap(
             log.warning("could not revoke the run credential of %s", run_id, exc_info=True)
 
 
+def agent_limit_refusal(
+    settings: Settings, workspace_id: str, started_by_run: str | None
+) -> AgentLimitReached | None:
+    """Why run ``started_by_run`` may not start one more agent in the workspace
+    now, or None. Only agents started through run credentials are bounded, by
+    what is running now: KANDEV_MAX_AGENTS_PER_RUN of the starting run's own,
+    KANDEV_MAX_RUN_AGENTS_PER_WORKSPACE in the workspace. The create protocol
+    asks before its claim (a refusal stores nothing), the launch asks again
+    under the launch lock (so concurrent creates cannot overshoot)."""
+    if started_by_run is None:
+        return None
+    running = [r for r in running_launches(data_path(settings, "agents")) if r.started_by_run]
+    own = sum(1 for launch in running if launch.started_by_run == started_by_run)
+    if own >= settings.max_agents_per_run:
+        return AgentLimitReached(
+            f"this run already has {own} running agents (limit {settings.max_agents_per_run})",
+            scope="run", limit=settings.max_agents_per_run, running=own,
+        )
+    limit = settings.max_run_agents_per_workspace
+    in_workspace = sum(1 for launch in running if launch.workspace_id == workspace_id)
+    if in_workspace >= limit:
+        return AgentLimitReached(
+            f"the workspace already has {in_workspace} running agents started by runs"
+            f" (limit {limit})",
+            scope="workspace", limit=limit, running=in_workspace,
+        )
+    return None
+
+
+@contextlib.contextmanager
+def _launch_lock(settings: Settings) -> Iterator[None]:
+    """One run-started launch at a time per data dir (one host per data dir):
+    from its limit check until its pidfile names it."""
+    path = data_path(settings, "agents", "launch.lock")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 class AgentLaunchStep:
     name = "agent_launch"
 
@@ -51,10 +98,29 @@ class AgentLaunchStep:
             return data_path(ctx.settings, "worktrees", str(ctx.task_id), repositories[0])
         return data_path(ctx.settings, "sessions", str(ctx.task_id))
 
+    def _origin(self, ctx: StepContext) -> dict[str, Any]:
+        """Where the launch comes from, kept in its pidfile for the agent census
+        (agent/census.py): its workspace and, for a run's agent, that run."""
+        origin = {"workspace_id": ctx.manifest["workspace_id"]}
+        if ctx.manifest.get("started_by_run") is not None:
+            origin["started_by_run"] = ctx.manifest["started_by_run"]
+        return origin
+
     def run(self, ctx: StepContext) -> dict[str, Any]:
         existing = self.reconcile(ctx)
         if existing is not None:
             return existing
+        if ctx.manifest.get("started_by_run") is None:
+            return self._launch(ctx)
+        with _launch_lock(ctx.settings):
+            refusal = agent_limit_refusal(
+                ctx.settings, ctx.manifest["workspace_id"], ctx.manifest["started_by_run"]
+            )
+            if refusal is not None:
+                raise StepFailed(refusal)
+            return self._launch(ctx)
+
+    def _launch(self, ctx: StepContext) -> dict[str, Any]:
         run_id = self._run_id(ctx)
         try:
             secret = ctx.credentials.issue_run(ctx.workspace_id, run_id, ctx.task_id)
@@ -98,6 +164,7 @@ class AgentLaunchStep:
             "log": str(log_path),
             "cwd": str(cwd),
             "command": command,
+            **self._origin(ctx),
         }
         self._pidfile(ctx).write_text(json.dumps(evidence), encoding="utf-8")
         return evidence
@@ -111,7 +178,9 @@ class AgentLaunchStep:
         if not pids:
             return None
         # Launched, then the owner died before writing the pidfile: adopt it.
-        evidence = {"pid": pids[0], "run_id": self._run_id(ctx), "adopted": True}
+        evidence = {
+            "pid": pids[0], "run_id": self._run_id(ctx), "adopted": True, **self._origin(ctx)
+        }
         pidfile.parent.mkdir(parents=True, exist_ok=True)
         pidfile.write_text(json.dumps(evidence), encoding="utf-8")
         return evidence

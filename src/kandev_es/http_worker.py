@@ -1,0 +1,259 @@
+"""The gunicorn worker class of `kandev-es serve` and http/gunicorn.conf.py:
+gunicorn supervises (master, worker restarts, hooks, the `timeout` heartbeat),
+waitress does the HTTP (README: Security model, Input limits and streams).
+
+Why: gunicorn's gthread worker hands a connection to one of its threads as soon
+as a first byte arrives, so a few dozen clients dripping headers (or sending
+nothing) held every thread and /healthz stalled. waitress reads on one
+event-driven I/O thread per process (poll, so past 1024 descriptors): a request
+reaches a task thread only once its headers and body have fully arrived (the
+body decoded if chunked and spooled to a temp file past a size), a body over
+the limit is 413 whether chunked or not, and malformed chunks are 400.
+
+What waitress lacks and this module adds, each small:
+- a total time for a request's headers and for its body, counted from the
+  request's first byte (waitress only closes a channel inactive for a while,
+  which a byte a second never is), and a short idle time for a connection
+  with no request; enforced in the server's maintenance, once a second;
+- the access line (gthread wrote it): the same gunicorn logger, so the same
+  format and redaction (kandev_es.access_log);
+- waitress' own error answers (400, 413, 431) in the API's JSON error shape.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import time
+from collections.abc import Callable, Iterable, Iterator
+from datetime import timedelta
+from typing import Any
+
+from gunicorn.workers.base import Worker
+from waitress import wasyncore
+from waitress.channel import HTTPChannel
+from waitress.server import BaseWSGIServer, create_server
+from waitress.task import ErrorTask
+
+from kandev_es.config import Settings
+from kandev_es.errors import BadRequest, KandevError, PayloadTooLarge
+
+# Seconds the worker's loop waits for I/O at most between heartbeats and
+# checks of `alive` (gunicorn's SIGTERM); maintenance runs once a second.
+SLICE_S = 0.5
+WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+
+
+class Timeouts:
+    """Seconds a request's headers, and its body, may take from its first byte;
+    seconds a connection may sit without one."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.header = settings.header_timeout
+        self.body = settings.body_timeout
+        self.idle = settings.idle_timeout
+
+
+class TimedChannel(HTTPChannel):  # type: ignore[misc]
+    """A connection that knows when its current request's first byte came."""
+
+    request_started = 0.0
+
+    def received(self, data: bytes) -> bool:
+        before = self.request
+        result: bool = super().received(data)
+        if self.request is not None and self.request is not before:
+            self.request_started = time.time()  # waitress' own clock (last_activity)
+        return result
+
+    def overdue(self, now: float, timeouts: Timeouts) -> bool:
+        """Closing time: its request's headers or body took too long, or the
+        connection sat without a request. One being served never is."""
+        if self.requests:
+            return False
+        request = self.request
+        if request is not None and not request.completed:
+            limit = timeouts.body if request.headers_finished else timeouts.header
+            return now - self.request_started > limit
+        idle = now - float(self.last_activity)  # since a byte last came or went
+        if self.total_outbufs_len:  # an answer still going out
+            return bool(idle > self.adj.channel_timeout)
+        return idle > timeouts.idle
+
+
+class JsonErrorTask(ErrorTask):  # type: ignore[misc]
+    """waitress' parser errors (400 malformed, 413 too large, 431 headers too
+    large) answered in the API's error shape instead of waitress' text."""
+
+    def execute(self) -> None:
+        error = self.request.error
+        known: KandevError
+        if error.code == 413:
+            known = PayloadTooLarge("request body is too large")
+        elif error.code == 400:
+            known = BadRequest(f"malformed request: {error.body}")
+        else:
+            known = KandevError(str(error.body))
+            known.code = str(error.reason).lower().replace(" ", "_")
+        body = json.dumps(known.to_dict()).encode()
+        self.status = f"{error.code} {error.reason}"
+        self.response_headers.append(("Content-Type", "application/json"))
+        self.set_close_on_finish()
+        self.content_length = len(body)
+        self.write(body)
+
+
+TimedChannel.error_task_class = JsonErrorTask
+
+
+def _bound(server: BaseWSGIServer, timeouts: Timeouts) -> None:
+    """A server made by waitress.create_server, with our channels and a
+    maintenance (waitress calls it every cleanup_interval) that closes
+    overdue connections instead of only long-inactive ones."""
+
+    def maintenance(now: float) -> None:
+        for channel in list(server.active_channels.values()):
+            if channel.overdue(now, timeouts):
+                channel.will_close = True
+
+    server.channel_class = TimedChannel
+    server.maintenance = maintenance
+
+
+class _Response:
+    """What gunicorn's access logger reads off a response."""
+
+    def __init__(self, status: str, headers: list[tuple[str, str]]) -> None:
+        self.status = status
+        self.headers = headers
+        self.sent = 0
+
+
+class _Request:
+    def __init__(self, environ: dict[str, Any]) -> None:
+        self.headers = [
+            (key[5:].replace("_", "-"), value)
+            for key, value in environ.items()
+            if key.startswith("HTTP_")
+        ]
+
+
+class _Logged:
+    """The response body, passed through; at its close, the access line."""
+
+    def __init__(
+        self, body: Iterable[bytes], done: Callable[[int], None]
+    ) -> None:
+        self.body = body
+        self.done = done
+        self.sent = 0
+
+    def __iter__(self) -> Iterator[bytes]:
+        for chunk in self.body:
+            self.sent += len(chunk)
+            yield chunk
+
+    def close(self) -> None:
+        try:
+            close = getattr(self.body, "close", None)
+            if close is not None:
+                close()
+        finally:
+            self.done(self.sent)
+
+
+def access_logged(app: WSGIApp, log: Any) -> WSGIApp:
+    """``app`` writing gunicorn's access line (its logger, format, redaction)
+    once each response has been sent."""
+
+    def logged(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        started = time.monotonic()
+        environ.setdefault("RAW_URI", environ.get("REQUEST_URI", ""))
+        response = _Response("500 Internal Server Error", [])
+
+        def capture(status: str, headers: list[tuple[str, str]], *exc: Any) -> Any:
+            response.status, response.headers = status, headers
+            return start_response(status, headers, *exc)
+
+        def done(sent: int) -> None:
+            response.sent = sent
+            elapsed = timedelta(seconds=time.monotonic() - started)
+            log.access(response, _Request(environ), environ, elapsed)
+
+        return _Logged(app(environ, capture), done)
+
+    return logged
+
+
+class WaitressWorker(Worker):  # type: ignore[misc]
+    """A gunicorn worker serving on its inherited sockets with waitress."""
+
+    settings: Settings = Settings()
+
+    def run(self) -> None:
+        settings = self.settings
+        _raise_descriptor_limit(settings.max_connections + 64)
+        server = create_server(
+            access_logged(self.wsgi, self.log),
+            sockets=[listener.sock for listener in self.sockets],
+            threads=self.cfg.threads,
+            connection_limit=settings.max_connections,
+            # Our maintenance enforces the header, body and idle times; this one
+            # bounds an answer left unread (seconds without a byte taken).
+            channel_timeout=60,
+            cleanup_interval=1,
+            asyncore_use_poll=True,
+            asyncore_loop_timeout=1,
+            # KANDEV_MAX_BODY_BYTES is allowed, one byte more is not (waitress: >=).
+            max_request_body_size=settings.max_body_bytes + 1,
+            ident="kandev-es",
+            # No proxy is trusted: forwarded headers are dropped, the scheme is http.
+            trusted_proxy=None,
+            clear_untrusted_proxy_headers=True,
+            url_scheme="http",
+            expose_tracebacks=False,
+            log_socket_errors=False,
+        )
+        socket_map = server._map if isinstance(server, BaseWSGIServer) else server.map
+        servers = [s for s in socket_map.values() if isinstance(s, BaseWSGIServer)]
+        timeouts = Timeouts(settings)
+        for each in servers:
+            _bound(each, timeouts)
+        try:
+            while self.alive:
+                self.notify()
+                if self.ppid != os.getppid():
+                    self.log.info("Parent changed, shutting down: %s", self)
+                    break
+                wasyncore.loop(timeout=SLICE_S, map=socket_map, use_poll=True, count=1)
+            self._drain(servers, socket_map)
+        finally:
+            servers[0].task_dispatcher.shutdown(cancel_pending=True, timeout=1)
+            wasyncore.close_all(socket_map)
+
+    def _drain(self, servers: list[BaseWSGIServer], socket_map: dict[int, Any]) -> None:
+        """Graceful stop (SIGTERM): accept nothing more, let the requests being
+        served finish for gunicorn's graceful_timeout (less a second, before the
+        master's SIGKILL), the I/O thread still sending their answers."""
+        for each in servers:
+            each.accepting = False  # its readable() is False from now on
+        deadline = time.monotonic() + max(1, self.cfg.graceful_timeout - 1)
+        while time.monotonic() < deadline and any(
+            channel.requests for each in servers for channel in each.active_channels.values()
+        ):
+            self.notify()
+            wasyncore.loop(timeout=0.2, map=socket_map, use_poll=True, count=1)
+
+
+def _raise_descriptor_limit(wanted: int) -> None:
+    """Each connection is a descriptor: lift the soft limit toward the hard one."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+
+
+def worker_class(settings: Settings) -> type[WaitressWorker]:
+    """The worker class, bound to the server's settings (read once, in the master)."""
+    return type("KandevWorker", (WaitressWorker,), {"settings": settings})
