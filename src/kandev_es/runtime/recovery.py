@@ -153,7 +153,12 @@ class Runtime:
         return done
 
     def _failed(self, identity_id: uuid.UUID, number: int, error: Exception) -> None:
-        identity = self._app.load(identity_id, Identity)
+        try:
+            identity = self._app.load(identity_id, Identity)
+        except StoreUnavailable:
+            raise
+        except Exception:  # unreadable: reported below as a failed takeover
+            identity = None
         tenure = identity.tenures.get(number) if identity is not None else None
         epoch = tenure.epoch if tenure is not None else 0
         if tenure is not None and tenure.in_flight and epoch >= self._attempts:
