@@ -66,6 +66,8 @@ class Services:
             self.settings.lease_seconds,
             ExitedAgents(data_path(self.settings, "agents"), self.tokens, self.app),
             owner_id,
+            attempts=self.settings.recovery_attempts,
+            backoff_base_seconds=self.settings.recovery_backoff_seconds,
         )
 
     def close(self) -> None:

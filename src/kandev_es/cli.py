@@ -243,13 +243,32 @@ def release(workspace: str, external_id: str, operation_id: str) -> None:
 @click.option(
     "--poll", default=1.0, show_default=True, type=SECONDS, help="seconds between scans"
 )
+@click.option(
+    "--parked",
+    is_flag=True,
+    help="list the unfinished creations taken over KANDEV_RECOVERY_ATTEMPTS times, then exit",
+)
 @store_options
-def runtime(once: bool, poll: float) -> None:
+def runtime(once: bool, poll: float, parked: bool) -> None:
     """Run the fenced recovery Runtime: finish or abort creations whose owner died."""
     services = open_store()
     actor = services.runtime()
     try:
-        if once:
+        if parked:
+            left = actor.parked()
+            for creation in left:
+                _emit(
+                    {
+                        "identity_id": creation.identity_id,
+                        "tenure": creation.tenure,
+                        "workspace_id": creation.workspace_id,
+                        "task_id": creation.task_id,
+                        "phase": creation.phase,
+                        "epoch": creation.epoch,
+                    }
+                )
+            click.echo(f"runtime: {len(left)} creations parked")
+        elif once:
             recoveries = actor.recover_once()
             actor.revoke_exited_agents()
             for recovery in recoveries:

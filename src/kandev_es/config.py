@@ -34,6 +34,13 @@ class Settings:
     # None: the CLI picks (WARNING for one-shot commands, INFO for serve).
     log_level: str | None = None
     lease_seconds: float = 30.0
+    # Bounded recovery (README "Creation steps, recovery, release"): a step
+    # whose effect is made but never proven runs at most step_attempts times;
+    # the Runtime takes one creation over at most recovery_attempts times, the
+    # n-th takeover waiting recovery_backoff_seconds * 2**(n-2) past the lease.
+    step_attempts: int = 3
+    recovery_attempts: int = 5
+    recovery_backoff_seconds: float = 5.0
     # Shell-style command line of the agent launched for start_agent tasks.
     agent_command: str = f"{sys.executable} -m kandev_es.agent.demo"
     public_url: str = "http://127.0.0.1:8000"
@@ -298,7 +305,17 @@ def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
 
 def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
     env = os.environ if environ is None else environ
+    step_attempts = _positive_int(env, "KANDEV_STEP_ATTEMPTS", Settings.step_attempts)
+    recovery_attempts = _positive_int(env, "KANDEV_RECOVERY_ATTEMPTS", Settings.recovery_attempts)
+    backoff = _float(env, "KANDEV_RECOVERY_BACKOFF_SECONDS", Settings.recovery_backoff_seconds)
+    if not 0 <= backoff <= 86_400:  # also refuses nan and inf; 0: no backoff
+        raise InvalidSetting(
+            f"KANDEV_RECOVERY_BACKOFF_SECONDS must be seconds in [0, 86400], got {backoff!r}"
+        )
     settings = Settings(
+        step_attempts=step_attempts,
+        recovery_attempts=recovery_attempts,
+        recovery_backoff_seconds=backoff,
         data_dir=Path(env.get("KANDEV_DATA_DIR") or ".kandev-es"),
         database_url=env.get("KANDEV_DATABASE_URL") or None,
         create_tables=_flag(env.get("KANDEV_CREATE_TABLES"), True),

@@ -35,11 +35,13 @@ _CURSOR = re.compile(r"[0-9]{1,19}")
 # lone surrogates (json.loads decodes "\ud800" to one; it has no UTF-8 form).
 # A surrogate pair is decoded to its one code point, so any left is lone.
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
-# A body without these bytes decodes to no unstorable string: a raw control
-# character inside a JSON string is refused by the decoder, and a surrogate
-# reaches a string only as a \u escape or (json.loads passes surrogates
-# through) as its UTF-8-like bytes ED A0..BF xx. UTF-16/32 bodies hold NUL bytes.
-_MAYBE_UNSTORABLE = (b"\\u", b"\xed", b"\x00")
+# parse_json_body walks a body only if this matches: without it the body
+# decodes to no unstorable string. NUL and a surrogate reach a string only as a
+# \u0000 or \uD800-\uDFFF escape, or as the raw bytes: a raw NUL (a UTF-16/32
+# body; in UTF-8 the decoder refuses a raw control character in a string) or
+# ED A0..BF xx (surrogatepass, as json.loads decodes). An escaped backslash
+# before "ud800" also matches: the walk then finds nothing, which is harmless.
+_MAYBE_UNSTORABLE = re.compile(rb"\\u(?:[dD][89a-fA-F]|0000)|[\xed\x00]")
 MAX_FIELD_PATH = 200
 # Top-level fields whose own validator already refuses NUL and lone surrogates,
 # with a more specific documented error (README: External ID rules).
@@ -92,7 +94,7 @@ def parse_json_body(raw: bytes) -> Any:
         value = _DECODER.decode(text)
     except (ValueError, UnicodeDecodeError):  # MalformedJson is neither
         raise MalformedJson("request body is not valid JSON") from None
-    if any(marker in raw for marker in _MAYBE_UNSTORABLE):
+    if _MAYBE_UNSTORABLE.search(raw):  # else no string needs a look
         check_json_text(value)
     return value
 

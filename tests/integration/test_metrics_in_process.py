@@ -186,7 +186,8 @@ def test_a_runtime_recovery_counts_its_result_and_steps(
     finally:
         short_lease.close()
     recoveries = "kandev_runtime_recoveries_total"
-    assert total(after, recoveries, result="completed") - total(before, recoveries) == 1
+    completed = {"result": "completed"}
+    assert total(after, recoveries, **completed) - total(before, recoveries, **completed) == 1
     steps = "kandev_creation_steps_total"
     # The branch was made but never recorded: the Runtime reconciles it as succeeded.
     succeeded = {"kind": "repository", "result": "succeeded"}

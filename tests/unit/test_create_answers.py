@@ -14,8 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kandev_es.api.answers import _KINDS, dump
-from kandev_es.api.schemas import CreateTaskResponseSchema
-from kandev_es.creation.outcomes import CreateResult, Outcome
+from kandev_es.creation.outcomes import CreateResult, CreateTaskResponseSchema, Outcome
 from kandev_es.views import task_dto
 from tests.unit.test_task_representation import tasks
 

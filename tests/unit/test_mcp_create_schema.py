@@ -65,7 +65,7 @@ def test_update_tool_takes_the_patch_fields_and_limits_of_rest() -> None:
 def test_list_tool_takes_the_rest_list_query_limits_without_external_id() -> None:
     """list_tasks validates with the schema it publishes (ListTasksArguments), and
     its limits are REST's list query's; external_id is left out (no lookup)."""
-    from kandev_es.api.schemas import TaskListQuerySchema
+    from kandev_es.api.tasks import TaskListQuerySchema
     from kandev_es.mcp.tools import LIST_SCHEMA, ListTasksArguments
 
     assert _rest_schema(ListTasksArguments) == LIST_SCHEMA

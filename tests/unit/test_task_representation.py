@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from marshmallow import fields
 
-from kandev_es.api import schemas
+from kandev_es.api import tasks as task_routes
 from kandev_es.creation.outcomes import CreateResult, CreateTaskResponseSchema, Outcome
 from kandev_es.domain.task import Task
 from kandev_es.views import TaskSchema, _reader, task_dto
@@ -87,12 +87,12 @@ def test_the_dto_reads_each_field_from_the_task(task: Task) -> None:
 
 def test_every_schema_extending_the_task_keeps_its_fields() -> None:
     for extended in (
-        schemas.CreateTaskResponseSchema,
-        schemas.ReleaseResponseSchema,
-        schemas.LookupResponseSchema,
+        CreateTaskResponseSchema,
+        task_routes.ReleaseResponseSchema,
+        task_routes.LookupResponseSchema,
     ):
         assert set(TaskSchema().fields) <= set(extended().fields), extended.__name__
-    nested = schemas.TaskListSchema().fields["items"]
+    nested = task_routes.TaskListSchema().fields["items"]
     assert isinstance(nested, fields.List)
     assert isinstance(nested.inner, fields.Nested) and nested.inner.nested is TaskSchema
 

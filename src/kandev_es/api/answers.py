@@ -11,8 +11,7 @@ from typing import Any, cast
 from flask import Response, current_app, jsonify
 from marshmallow import Schema, fields, missing
 
-from kandev_es.api.schemas import CreateTaskResponseSchema
-from kandev_es.creation.outcomes import CreateResult
+from kandev_es.creation.outcomes import CreateResult, CreateTaskResponseSchema
 
 ANSWERS_KEY = "kandev_es.create_answers"
 ANSWER_CACHE_SIZE = 4096

@@ -18,8 +18,8 @@ from kandev_es.api import (
     identities,
     office,
     resources,
-    schemas,
     tasks,
+    tokens,
     workspaces,
 )
 from kandev_es.api.context import EXTENSION_KEY
@@ -84,7 +84,7 @@ def _configure(app: Flask, settings: Settings) -> None:
 class _Api(Api):  # type: ignore[misc]
     # Document the error body errors.py really sends ({error, message, details})
     # as the default and 422 responses, instead of flask-smorest's own shape.
-    ERROR_SCHEMA = schemas.ApiErrorSchema
+    ERROR_SCHEMA = errors.ApiErrorSchema
 
 
 def _register_api(app: Flask) -> Api:
@@ -94,6 +94,7 @@ def _register_api(app: Flask) -> Api:
 def _register_blueprints(api: Api) -> None:
     api.register_blueprint(tasks.blp)
     api.register_blueprint(workspaces.blp)
+    api.register_blueprint(tokens.blp)
     api.register_blueprint(health.blp)
     api.register_blueprint(resources.blp)
     api.register_blueprint(events.blp)

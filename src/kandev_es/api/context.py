@@ -1,4 +1,5 @@
-"""Request helpers shared by blueprints: services, principal, raw JSON body."""
+"""Request helpers shared by blueprints: services, principal, the JSON body and
+its loading by a schema, the admin check."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from flask import current_app, request
 
 from kandev_es.bootstrap import Services
 from kandev_es.domain.principal import Principal, Unconfirmed
-from kandev_es.errors import BadRequest, MalformedJson
+from kandev_es.errors import BadRequest, MalformedJson, ValidationFailed, WorkspaceNotFound
 from kandev_es.limits import parse_json_body
 from kandev_es.services.auth import bearer_of
 
@@ -76,3 +77,23 @@ def path_uuid(value: str, what: str = "id") -> uuid.UUID:
         return uuid.UUID(value)
     except ValueError:
         raise BadRequest(f"{what} must be a UUID") from None
+
+
+def require_admin() -> Principal:
+    """The admin principal; anyone else gets the same 404 as for an unknown
+    workspace, learning nothing, not even that the route is admin-only."""
+    who = principal()
+    if who is None or not who.admin:
+        raise WorkspaceNotFound("workspace not found")
+    return who
+
+
+def load_body(schema: Any, body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` loaded by ``schema`` (a class); a refusal is 422 with its messages."""
+    from marshmallow import ValidationError
+
+    try:
+        loaded: dict[str, Any] = schema().load(body)
+    except ValidationError as error:
+        raise ValidationFailed("invalid request", fields=error.messages) from None
+    return loaded

@@ -8,11 +8,20 @@ import logging
 
 from flask import Flask, jsonify
 from flask.typing import ResponseReturnValue
+from marshmallow import Schema, fields
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from kandev_es.errors import KandevError, PayloadTooLarge, http_status
 
 log = logging.getLogger("kandev_es.api")
+
+
+class ApiErrorSchema(Schema):
+    """Every error body (KandevError.to_dict), as OpenAPI publishes it."""
+
+    error = fields.String(required=True, metadata={"description": "machine-readable code"})
+    message = fields.String()
+    details = fields.Dict()
 
 
 def _kandev_error(error: KandevError) -> ResponseReturnValue:

@@ -7,19 +7,55 @@ from typing import Any
 from flask import Response
 from flask.views import MethodView
 from flask_smorest import Blueprint
+from marshmallow import Schema, fields, validate
 
 from kandev_es import __version__, metrics
-from kandev_es.api import schemas
 from kandev_es.api.context import services
 from kandev_es.storage.durability import durability
 
 blp = Blueprint("health", __name__, description="Health")
 
 
+class HealthSchema(Schema):
+    status = fields.String(required=True, validate=validate.OneOf(["ok"]))
+    # kandev_es.__version__, as `kandev-es --version` prints it.
+    version = fields.String(required=True)
+
+
+class DurabilitySchema(Schema):
+    synchronous_commit = fields.String(required=True)
+    synchronous_standby_names = fields.String(required=True)
+    synchronous_standbys = fields.Integer(
+        required=True, allow_none=True,
+        metadata={"description": "null: the role may not read pg_stat_replication.sync_state"},
+    )
+    durable = fields.Boolean(required=True, allow_none=True)
+
+
+class ReadinessSchema(Schema):
+    """/readyz: 200 when ready, 503 (same body) when not."""
+
+    status = fields.String(required=True, validate=validate.OneOf(["ready", "unready"]))
+    backend = fields.String(required=True, validate=validate.OneOf(["sqlite", "postgres"]))
+    schema_attested = fields.Boolean(required=True)
+    external_id_traffic = fields.String(
+        required=True, validate=validate.OneOf(["accepted", "refused"])
+    )
+    schema_problems = fields.List(fields.String())
+    projection_lag = fields.Dict(
+        keys=fields.String(), values=fields.Integer(), metadata={"description": "events behind"}
+    )
+    store_error = fields.String()
+    durability = fields.Nested(
+        DurabilitySchema,
+        metadata={"description": "PostgreSQL only: does a commit wait for a synchronous standby"},
+    )
+
+
 @blp.route("/healthz")
 class Healthz(MethodView):
     @blp.doc(security=[])
-    @blp.response(200, schemas.HealthSchema)
+    @blp.response(200, HealthSchema)
     def get(self) -> dict[str, Any]:
         return {"status": "ok", "version": __version__}
 
@@ -27,8 +63,8 @@ class Healthz(MethodView):
 @blp.route("/readyz")
 class Readyz(MethodView):
     @blp.doc(security=[])
-    @blp.response(200, schemas.ReadinessSchema)
-    @blp.alt_response(503, schema=schemas.ReadinessSchema, description="not ready")
+    @blp.response(200, ReadinessSchema)
+    @blp.alt_response(503, schema=ReadinessSchema, description="not ready")
     def get(self) -> Any:
         svc = services()
         attestation = svc.attestation.refresh()

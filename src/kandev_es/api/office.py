@@ -14,8 +14,9 @@ from typing import Any
 from flask.views import MethodView
 from flask_smorest import Blueprint
 
-from kandev_es.api import schemas
 from kandev_es.api.context import RUN_ID_HEADER, json_object, run_principal, services
+from kandev_es.api.errors import ApiErrorSchema
+from kandev_es.creation.outcomes import CreateTaskResponseSchema
 from kandev_es.creation.placement import Placement, under_parent
 from kandev_es.creation.request import CreateTaskRequestSchema
 from kandev_es.domain.principal import Principal
@@ -54,9 +55,9 @@ def document_run_create(target: Blueprint, summary: str) -> Callable[[Any], Any]
     def decorate(view: Any) -> Any:
         for code in (400, 404, 413, 422, 429, 503):
             view = target.alt_response(
-                code, schema=schemas.ApiErrorSchema, description=ERRORS.get(code, "down")
+                code, schema=ApiErrorSchema, description=ERRORS.get(code, "down")
             )(view)
-        view = target.response(200, schemas.CreateTaskResponseSchema)(view)
+        view = target.response(200, CreateTaskResponseSchema)(view)
         return target.doc(summary=summary, **RUN_CREATE_DOC)(view)
 
     return decorate

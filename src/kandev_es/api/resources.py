@@ -11,9 +11,9 @@ from flask.views import MethodView
 from flask_smorest import Blueprint
 from marshmallow import Schema, fields, validate
 
-from kandev_es.api.context import json_object, path_uuid, principal, services
+from kandev_es.api.context import json_object, load_body, path_uuid, principal, services
 from kandev_es.domain.principal import require_operator
-from kandev_es.errors import BadRequest, ValidationFailed, WorkspaceNotFound
+from kandev_es.errors import BadRequest, WorkspaceNotFound
 
 blp = Blueprint("resources", __name__, url_prefix="/api/v1", description="Workspace resources")
 
@@ -74,16 +74,6 @@ def _member_of(workspace_id: str) -> uuid.UUID:
     return target
 
 
-def _body(schema: type[Schema]) -> dict[str, Any]:
-    from marshmallow import ValidationError
-
-    try:
-        loaded: dict[str, Any] = schema().load(json_object())
-    except ValidationError as error:
-        raise ValidationFailed("invalid request", fields=error.messages) from None
-    return loaded
-
-
 @blp.route("/workspaces/<workspace_id>/repositories")
 class Repositories(MethodView):
     @blp.doc(
@@ -96,7 +86,7 @@ class Repositories(MethodView):
     def post(self, workspace_id: str) -> dict[str, str]:
         target = _member_of(workspace_id)
         require_operator(principal(), target)
-        body = _body(RepositorySchema)
+        body = load_body(RepositorySchema, json_object())
         return services().repositories.register(target, body["name"], body["path"])
 
     @blp.response(200, RepositoryListedSchema(many=True))
@@ -144,7 +134,7 @@ class Policy(MethodView):
     def put(self, workspace_id: str) -> dict[str, Any]:
         target = _member_of(workspace_id)
         require_operator(principal(), target)
-        body = _body(PolicySchema)
+        body = load_body(PolicySchema, json_object())
         workspace = services().workspaces.set_wip_limit(target, body["wip_limit"])
         return {"wip_limit": workspace.wip_limit}
 

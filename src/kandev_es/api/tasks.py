@@ -8,8 +8,8 @@ from typing import Any
 from flask import Response, jsonify, request
 from flask.views import MethodView
 from flask_smorest import Blueprint
+from marshmallow import Schema, fields, validate
 
-from kandev_es.api import schemas
 from kandev_es.api.answers import create_answer
 from kandev_es.api.context import (
     create_principal,
@@ -19,23 +19,55 @@ from kandev_es.api.context import (
     principal,
     services,
 )
+from kandev_es.api.errors import ApiErrorSchema
+from kandev_es.creation.outcomes import CreateTaskResponseSchema
 from kandev_es.creation.request import CreateTaskRequestSchema
 from kandev_es.domain.external_id import normalize_external_id, require_external_id
 from kandev_es.domain.principal import require_operator
 from kandev_es.errors import BadRequest, TaskNotFound, http_status
-from kandev_es.limits import stored_integer
+from kandev_es.limits import MAX_CURSOR, stored_integer
 from kandev_es.services.release import NO_HOLDER
-from kandev_es.views import task_dto
+from kandev_es.services.tasks import TaskPatchSchema
+from kandev_es.views import TaskSchema, task_dto
 
 blp = Blueprint("tasks", __name__, url_prefix="/api/v1", description="Tasks")
 
 ERRORS = {400: "bad request", 404: "not found", 413: "too large", 422: "invalid", 503: "down"}
 
 
+# The task representation is views.TaskSchema; these are this blueprint's own.
+class ReleaseResponseSchema(TaskSchema):
+    released = fields.Boolean(required=True)
+    operation_id = fields.String(required=True)
+    released_external_id = fields.String(required=True)
+    creation_complete = fields.Boolean(required=True)
+
+
+class LookupResponseSchema(TaskSchema):
+    creation_complete = fields.Boolean(required=True)
+
+
+class TaskListSchema(Schema):
+    items = fields.List(fields.Nested(TaskSchema), required=True)
+    next_cursor = fields.Integer(allow_none=True, required=True)
+
+
+class TaskListQuerySchema(Schema):
+    external_id = fields.String()
+    after = fields.Integer(load_default=0, validate=validate.Range(min=0, max=MAX_CURSOR))
+    limit = fields.Integer(load_default=50, validate=validate.Range(min=1, max=500))
+    include_archived = fields.Boolean(load_default=True)
+
+
+class TaskPatchRequestSchema(TaskPatchSchema):
+    """The PATCH body as published: the schema the task service validates it
+    with (its limits, unknown fields refused), under its OpenAPI name."""
+
+
 def _document_errors(*codes: int) -> Any:
     def decorate(view: Any) -> Any:
         for code in codes:
-            view = blp.alt_response(code, schema=schemas.ApiErrorSchema, description=ERRORS[code])(
+            view = blp.alt_response(code, schema=ApiErrorSchema, description=ERRORS[code])(
                 view
             )
         return view
@@ -65,7 +97,7 @@ class TaskCreate(MethodView):
             "content": {"application/json": {"schema": CreateTaskRequestSchema}},
         },
     )
-    @blp.response(200, schemas.CreateTaskResponseSchema)
+    @blp.response(200, CreateTaskResponseSchema)
     @_document_errors(400, 404, 413, 422, 503)
     def post(self) -> Response:  # always a Response: see _documentation_only
         body = json_object()
@@ -81,7 +113,7 @@ class TaskLookup(MethodView):
             {"name": "external_id", "in": "query", "required": True, "schema": {"type": "string"}}
         ],
     )
-    @blp.response(200, schemas.LookupResponseSchema)
+    @blp.response(200, LookupResponseSchema)
     @_document_errors(400, 404, 503)
     def get(self, workspace_id: str) -> dict[str, Any]:
         workspace = path_uuid(workspace_id, "workspace id")
@@ -112,7 +144,7 @@ class TaskLookup(MethodView):
             },
         ],
     )
-    @blp.response(200, schemas.ReleaseResponseSchema)
+    @blp.response(200, ReleaseResponseSchema)
     @_document_errors(400, 404, 422, 503)
     def delete(self, workspace_id: str) -> Any:
         workspace = path_uuid(workspace_id, "workspace id")
@@ -131,8 +163,8 @@ class TaskLookup(MethodView):
 
 @blp.route("/workspaces/<workspace_id>/tasks")
 class TaskList(MethodView):
-    @blp.arguments(schemas.TaskListQuerySchema, location="query")
-    @blp.response(200, schemas.TaskListSchema)
+    @blp.arguments(TaskListQuerySchema, location="query")
+    @blp.response(200, TaskListSchema)
     @_document_errors(400, 404)
     def get(self, query: dict[str, Any], workspace_id: str) -> dict[str, Any]:
         workspace = path_uuid(workspace_id, "workspace id")
@@ -154,7 +186,7 @@ class TaskList(MethodView):
 
 @blp.route("/tasks/<task_id>")
 class TaskItem(MethodView):
-    @blp.response(200, schemas.TaskSchema)
+    @blp.response(200, TaskSchema)
     @_document_errors(400, 404)
     def get(self, task_id: str) -> Any:
         wanted = path_uuid(task_id, "task id")
@@ -164,10 +196,10 @@ class TaskItem(MethodView):
     @blp.doc(
         requestBody={
             "required": True,
-            "content": {"application/json": {"schema": schemas.TaskPatchRequestSchema}},
+            "content": {"application/json": {"schema": TaskPatchRequestSchema}},
         }
     )
-    @blp.response(200, schemas.TaskSchema)
+    @blp.response(200, TaskSchema)
     @_document_errors(400, 404, 422)
     def patch(self, task_id: str) -> Any:
         body = json_object()
@@ -184,7 +216,7 @@ class TaskItem(MethodView):
 
 @blp.route("/tasks/<task_id>/archive")
 class TaskArchive(MethodView):
-    @blp.response(200, schemas.TaskSchema)
+    @blp.response(200, TaskSchema)
     @_document_errors(400, 404)
     def post(self, task_id: str) -> dict[str, Any]:
         return services().tasks.archive(principal(), path_uuid(task_id, "task id"))

@@ -1,4 +1,4 @@
-"""Workspace and token administration (admin token), and workspace reads."""
+"""Workspaces: open (admin), read, delete (admin or operator)."""
 
 from __future__ import annotations
 
@@ -6,32 +6,32 @@ from typing import Any
 
 from flask.views import MethodView
 from flask_smorest import Blueprint
+from marshmallow import Schema, fields
 
-from kandev_es.api import schemas
-from kandev_es.api.context import json_object, path_uuid, principal, services
-from kandev_es.domain.principal import Principal, require_operator
-from kandev_es.errors import BadRequest, ValidationFailed, WorkspaceNotFound
+from kandev_es.api.context import (
+    json_object,
+    load_body,
+    path_uuid,
+    principal,
+    require_admin,
+    services,
+)
+from kandev_es.domain.principal import require_operator
+from kandev_es.errors import WorkspaceNotFound
 from kandev_es.views import WorkspaceSchema, workspace_dto
 
-blp = Blueprint("workspaces", __name__, url_prefix="/api/v1", description="Workspaces, tokens")
+blp = Blueprint("workspaces", __name__, url_prefix="/api/v1", description="Workspaces")
 
 
-def _admin() -> Principal:
-    who = principal()
-    if who is None or not who.admin:
-        # Non-admins learn nothing, not even that the route is admin-only.
-        raise WorkspaceNotFound("workspace not found")
-    return who
+class WorkspaceCreateSchema(Schema):
+    name = fields.String(required=True)
+    task_prefix = fields.String(load_default="KAN")
 
 
-def _load(schema: Any, body: dict[str, Any]) -> dict[str, Any]:
-    from marshmallow import ValidationError
-
-    try:
-        loaded: dict[str, Any] = schema().load(body)
-    except ValidationError as error:
-        raise ValidationFailed("invalid request", fields=error.messages) from None
-    return loaded
+class WorkspaceDeletionSchema(Schema):
+    workspace_id = fields.UUID(required=True)
+    deletion_generation = fields.Integer(required=True)
+    tasks_removed = fields.Integer(required=True)
 
 
 @blp.route("/workspaces")
@@ -39,13 +39,13 @@ class WorkspaceCollection(MethodView):
     @blp.doc(
         requestBody={
             "required": True,
-            "content": {"application/json": {"schema": schemas.WorkspaceCreateSchema}},
+            "content": {"application/json": {"schema": WorkspaceCreateSchema}},
         }
     )
     @blp.response(201, WorkspaceSchema)
     def post(self) -> dict[str, Any]:
-        _admin()
-        body = _load(schemas.WorkspaceCreateSchema, json_object())
+        require_admin()
+        body = load_body(WorkspaceCreateSchema, json_object())
         workspace = services().workspaces.open(body["name"], body["task_prefix"])
         return workspace_dto(workspace)
 
@@ -63,52 +63,10 @@ class WorkspaceItem(MethodView):
 
 
     @blp.doc(summary="Delete a workspace (admin): fences creations, frees every identity")
-    @blp.response(200, schemas.WorkspaceDeletionSchema)
+    @blp.response(200, WorkspaceDeletionSchema)
     def delete(self, workspace_id: str) -> dict[str, Any]:
         target = path_uuid(workspace_id, "workspace id")
         if services().workspaces.get(target) is None:
             raise WorkspaceNotFound("workspace not found")
         who = require_operator(principal(), target)
         return services().workspace_deletion.delete(target, actor=who.actor)
-
-
-@blp.route("/tokens")
-class TokenCollection(MethodView):
-    @blp.doc(summary="List every token (admin): never a secret or its hash")
-    @blp.response(200, schemas.TokenListSchema)
-    def get(self) -> dict[str, Any]:
-        _admin()
-        return {"tokens": services().tokens.list_tokens()}
-
-    @blp.doc(
-        requestBody={
-            "required": True,
-            "content": {"application/json": {"schema": schemas.TokenCreateSchema}},
-        }
-    )
-    @blp.response(201, schemas.TokenSchema)
-    def post(self) -> dict[str, Any]:
-        _admin()
-        body = _load(schemas.TokenCreateSchema, json_object())
-        workspace_id = body.get("workspace_id")
-        if body["admin"] == (workspace_id is not None):
-            raise BadRequest("give either workspace_id or admin: true")
-        if workspace_id is not None and services().workspaces.get(workspace_id) is None:
-            raise WorkspaceNotFound("workspace not found")
-        secret, issued = services().tokens.issue(
-            workspace_id=workspace_id, admin=body["admin"], label=body["label"],
-            role=body["role"],
-        )
-        return {
-            "token": secret, "admin": issued.admin, "workspace_id": issued.workspace_id,
-            "role": issued.role,
-        }
-
-
-@blp.route("/tokens/<token_id>")
-class TokenItem(MethodView):
-    @blp.doc(summary="Revoke a token (admin); refused from its next request, idempotent")
-    @blp.response(204)
-    def delete(self, token_id: str) -> None:
-        _admin()
-        services().tokens.revoke(path_uuid(token_id, "token id"))

@@ -32,6 +32,8 @@ from kandev_es.domain.identity import (
     ABORTING,
     COMPLETED,
     COMPLETING,
+    PREPARING,
+    PROOF_MISSING,
     Identity,
     Tenure,
 )
@@ -48,6 +50,22 @@ from kandev_es.errors import (
 
 log = logging.getLogger("kandev_es.creation")
 MAX_PASSES = 50
+
+
+def event_bound(steps: int, step_attempts: int, recovery_attempts: int) -> int:
+    """The most events one tenure can add to its identity's stream, with
+    ``steps`` steps, KANDEV_STEP_ATTEMPTS and KANDEV_RECOVERY_ATTEMPTS.
+
+    A pass over the steps records at most 3 per step (started, unknown,
+    succeeded) and 2 more (a missing proof, or failed + Aborting, or
+    Completing). Passes that record something: at most step_attempts - 1 that
+    end at a missing proof, one that ends in Aborting or Completing, one cut
+    short by an error in each of the 1 + recovery_attempts drives, and 2 that a
+    concurrent release or workspace deletion can interrupt. Besides: Claimed,
+    one RecoveryClaimed per takeover, at most one compensated per step plus
+    Aborted, Completed, and the 2 operator events (Released, deletion)."""
+    passes = (step_attempts - 1) + 1 + (1 + recovery_attempts) + 2
+    return 1 + recovery_attempts + passes * (3 * steps + 2) + (steps + 1) + 1 + 2
 
 
 class Fenced(InternalError):
@@ -149,7 +167,18 @@ class CreationDriver:
         # Proof gates Completing: every effect must be present in the world now.
         for step in steps:
             if step.reconcile(ctx) is None:
-                self._record(identity, number, step.name, UNKNOWN, {"proof": "missing"})
+                runs = identity.tenure(number).missing_proofs + 1
+                if runs >= self._settings.step_attempts:
+                    # Made again and again, never proven: give up (bounded).
+                    unproven = EffectUnproven(
+                        f"step {step.name} was run {runs} times and its effect was never"
+                        " proven; the creation was aborted",
+                        step=step.name,
+                        attempts=runs,
+                    )
+                    self._abort(identity, number, step.name, unproven)
+                    return unproven
+                self._record(identity, number, step.name, UNKNOWN, dict(PROOF_MISSING))
                 return None  # the next pass re-runs it
         failpoints.hit(self._settings, "completing:before")
         identity.begin_completing(number)
@@ -192,6 +221,19 @@ class CreationDriver:
             evidence = found
         self._record(identity, number, step.name, SUCCEEDED, evidence)
         return None
+
+    def abandon(self, identity_id: uuid.UUID, number: int, epoch: int, reason: str) -> DriveOutcome:
+        """Stop preparing: abort the tenure (``reason`` is the Aborting's) at
+        ``epoch``, then drive it, which compensates every step and records
+        Aborted. A tenure already completing or aborting is only driven."""
+        identity, _ = self._load(identity_id, number)
+        tenure = identity.tenure(number)
+        if tenure.epoch != epoch:
+            raise Fenced(f"tenure {number} is now at epoch {tenure.epoch}")
+        if tenure.phase == PREPARING:
+            identity.begin_aborting(number, reason)
+            self._app.save_atomically(identity)
+        return self.drive(identity_id, number, epoch)
 
     def _abort(
         self,

@@ -24,6 +24,9 @@ COMPLETED = "completed"
 ABORTING = "aborting"
 ABORTED = "aborted"
 
+# The evidence of a step found unproven at the proof gate (recorded "unknown").
+PROOF_MISSING: dict[str, Any] = {"proof": "missing"}
+
 OUTCOME_CREATED = "created"
 OUTCOME_CREATED_IDENTITY_LOST = "created_identity_lost"
 
@@ -47,6 +50,10 @@ class Tenure:
     deletion_generation: int | None = None
     outcome: str | None = None
     steps: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # How often a proof was found missing before Completing (each one means
+    # the step runs again): derived from the StepRecorded events, bounded by
+    # the driver (KANDEV_STEP_ATTEMPTS).
+    missing_proofs: int = 0
 
     @property
     def holds(self) -> bool:
@@ -268,6 +275,8 @@ class Identity(Aggregate):
             }
             if self.lease_expires_at is not None:
                 tenure.lease_expires_at = self.lease_expires_at
+            if self.status == "unknown" and self.evidence == PROOF_MISSING:
+                tenure.missing_proofs += 1
 
     class Aborting(Aggregate.Event):
         tenure: int

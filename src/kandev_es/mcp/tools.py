@@ -120,7 +120,7 @@ TASK_ID_SCHEMA: dict[str, Any] = {
 }
 
 class ListTasksArguments(Schema):
-    """list_tasks' arguments: REST's list query (api/schemas.py
+    """list_tasks' arguments: REST's list query (api/tasks.py
     TaskListQuerySchema) without external_id (no lookup by filter), JSON
     integers only, and the workspace as an argument."""
 

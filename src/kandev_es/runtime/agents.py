@@ -23,6 +23,7 @@ from kandev_es.agent.processes import live_run_ids
 from kandev_es.application import Tasks
 from kandev_es.creation.steps.base import RunCredentials
 from kandev_es.domain.task import TASK_PREPARING, Task
+from kandev_es.errors import StoreUnavailable
 
 log = logging.getLogger("kandev_es.runtime")
 
@@ -64,10 +65,15 @@ class ExitedAgents:
         for pidfile, run_id in launched.items():
             if run_id in alive:
                 continue
-            if self._credentials.revoke_run(run_id, "agent_exited"):
-                log.info("revoked the run credential of exited agent run=%s", run_id)
-                revoked.append(run_id)
-            if not self._creation_unsettled(pidfile):
-                with contextlib.suppress(FileNotFoundError):
-                    pidfile.unlink()
+            try:
+                if self._credentials.revoke_run(run_id, "agent_exited"):
+                    log.info("revoked the run credential of exited agent run=%s", run_id)
+                    revoked.append(run_id)
+                if not self._creation_unsettled(pidfile):
+                    with contextlib.suppress(FileNotFoundError):
+                        pidfile.unlink()
+            except StoreUnavailable:
+                raise  # every other run would meet the outage too
+            except Exception:  # one run's failure never keeps the others' credentials alive
+                log.exception("revoking the run credential of run=%s failed", run_id)
         return revoked
