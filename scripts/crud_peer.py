@@ -7,8 +7,9 @@ number from a sequence and an outbox row; a unique violation means a racing
 caller won, so the existing row is returned (Found). The bearer token is looked
 up by its SHA-256 per request, as kandev-es does, so both sides pay for auth.
 
-Served by the same gunicorn config as kandev-es (http/gunicorn.conf.py: same
-KANDEV_WORKERS and KANDEV_THREADS):
+Served by the same gunicorn config as kandev-es (http/gunicorn.conf.py: the same
+worker class, KANDEV_WORKERS and KANDEV_THREADS; its pool sized by KANDEV_POOL_SIZE
+and KANDEV_PG_CONNECT_TIMEOUT as kandev-es's event store):
 
     gunicorn -c http/gunicorn.conf.py --pythonpath scripts 'crud_peer:create_app()'
 
@@ -84,12 +85,53 @@ def reply(outcome: str, row: dict[str, Any], status: int = 200) -> Any:
     return jsonify(outcome=outcome, id=str(row["id"]), office_number=row["office_number"]), status
 
 
+# The three steps of a create, named so that scripts/cost_sampler.py can time them.
+def authenticate(conn: psycopg.Connection[Any], token: str) -> dict[str, Any] | None:
+    return one(
+        conn, "SELECT workspace_id FROM peer_tokens WHERE token_sha256 = %s",
+        (digest(token),),
+    )
+
+
+def lookup(conn: psycopg.Connection[Any], workspace: Any, external_id: Any) -> Any:
+    return one(conn, SELECT_TASK, (workspace, external_id))
+
+
+def insert_task(
+    conn: psycopg.Connection[Any], task: uuid.UUID, workspace: Any, external_id: Any,
+    data: dict[str, Any],
+) -> dict[str, Any] | None:
+    with conn.transaction():
+        row = one(
+            conn,
+            "INSERT INTO peer_tasks (id, workspace_id, external_id, office_number,"
+            " title, description, workflow)"
+            " VALUES (%s, %s, %s, nextval('office_numbers'), %s, %s, %s)"
+            " RETURNING id, office_number",
+            (task, workspace, external_id, data["title"],
+             data.get("description", ""), data.get("workflow", "default")),
+        )
+        conn.execute(
+            "INSERT INTO peer_outbox (task_id, type, payload)"
+            " VALUES (%s, 'task.created', %s)",
+            (task, Jsonb({"id": str(task), "title": data["title"]})),
+        )
+    return row
+
+
 def create_app() -> Flask:
     url = os.environ["PEER_DATABASE_URL"]
     schema = os.environ.get("PEER_SCHEMA", "peer")
-    threads = int(os.environ.get("KANDEV_THREADS") or 8)
+    # The database settings kandev-es reads (config.py, application.py): its
+    # event store, which every create and Found goes through, pools
+    # KANDEV_POOL_SIZE (default 5) connections plus as many overflow per worker
+    # and waits KANDEV_PG_CONNECT_TIMEOUT (default 1) s for one; the peer's one
+    # pool the same (it was sized by KANDEV_THREADS, which no longer is the
+    # request thread count: the server runs KANDEV_THREADS + KANDEV_MAX_STREAMS).
+    size = int(os.environ.get("KANDEV_POOL_SIZE") or 5)
+    wait = float(os.environ.get("KANDEV_PG_CONNECT_TIMEOUT") or 1)
     pool = ConnectionPool(
-        url, min_size=1, max_size=threads, open=True,
+        url, min_size=1, max_size=2 * size, timeout=wait, open=True,
         kwargs={"options": f"-c search_path={schema}"},
     )
     app = Flask("crud_peer")
@@ -107,37 +149,20 @@ def create_app() -> Flask:
         external_id = data.get("external_id")
         with pool.connection() as conn:
             conn.autocommit = True
-            owner = one(
-                conn, "SELECT workspace_id FROM peer_tokens WHERE token_sha256 = %s",
-                (digest(token),),
-            )
+            owner = authenticate(conn, token)
             if owner is None or str(owner["workspace_id"]) != data.get("workspace_id"):
                 return jsonify(error="unauthorized"), 401
             workspace = owner["workspace_id"]
             if external_id is not None:
-                found = one(conn, SELECT_TASK, (workspace, external_id))
+                found = lookup(conn, workspace, external_id)
                 if found is not None:
                     return reply("found", found)
             task = uuid.uuid4()
             try:
-                with conn.transaction():
-                    row = one(
-                        conn,
-                        "INSERT INTO peer_tasks (id, workspace_id, external_id, office_number,"
-                        " title, description, workflow)"
-                        " VALUES (%s, %s, %s, nextval('office_numbers'), %s, %s, %s)"
-                        " RETURNING id, office_number",
-                        (task, workspace, external_id, data["title"],
-                         data.get("description", ""), data.get("workflow", "default")),
-                    )
-                    conn.execute(
-                        "INSERT INTO peer_outbox (task_id, type, payload)"
-                        " VALUES (%s, 'task.created', %s)",
-                        (task, Jsonb({"id": str(task), "title": data["title"]})),
-                    )
+                row = insert_task(conn, task, workspace, external_id, data)
             except errors.UniqueViolation:
                 # A racing caller committed the same identity first.
-                found = one(conn, SELECT_TASK, (workspace, external_id))
+                found = lookup(conn, workspace, external_id)
                 assert found is not None
                 return reply("found", found)
             assert row is not None

@@ -71,7 +71,7 @@ def test_scaling_section_compares_kandev_with_the_crud_peer_at_each_client_count
     holds a kandev/peer ratio per client count. No timing is asserted."""
     report, stderr = bench(
         "--scaling-only", "--seconds", "0.3", "--workers", "1",
-        "--scaling-clients", "1,2", "--save-clients", "1,2",
+        "--scaling-clients", "1,2", "--save-clients", "1,2", "--cost-clients", "0",
     )
     scaling = report["scaling"]
     assert [row["clients"] for row in scaling["http"]] == [1, 2]
@@ -87,3 +87,49 @@ def test_scaling_section_compares_kandev_with_the_crud_peer_at_each_client_count
         assert row["saves_per_s"] > 0 and row["raw_insert_tx_per_s"] > 0
     # Targets are judged only at the counts measured: none over HTTP below 16 clients.
     assert set(scaling["targets"]) == {"saves_vs_raw_at_2", "saves_at_2_vs_one_client"}
+
+
+def test_cost_tables_split_each_request_s_cpu_by_component_for_kandev_and_the_peer():
+    """scripts/bench --scaling-only with a tiny cost load: cost_per_created and
+    cost_per_found hold, for kandev-es and the CRUD peer alike, CPU µs per
+    request by component (server processes by boundary, PostgreSQL's own),
+    every figure non-negative and summing to the total, plus commits per
+    request; both served by the same worker class, threads and workers, every
+    timed boundary still found in the code. No timing is asserted."""
+    report, stderr = bench(
+        "--scaling-only", "--seconds", "0.5", "--workers", "1",
+        "--scaling-clients", "1", "--save-clients", "1",
+        "--cost-clients", "2", "--cost-settle", "0",
+    )
+    scaling = report["scaling"]
+    kandev_parts = {
+        "HTTP server and the rest", "Flask + API", "auth", "reads",
+        "creation and event building", "event encoding", "save statement (+NOTIFY)",
+        "office number", "projection runner", "projection tasks", "projection creations",
+        "projection identities", "projection feeds", "gunicorn master", "postgres",
+    }
+    for table in ("cost_per_created", "cost_per_found"):
+        [row] = scaling[table]
+        assert row["clients"] == 2
+        for side in ("kandev", "peer"):
+            cost = row[side]
+            assert cost["requests"] > 0 and cost["failed_requests"] == {}
+            parts = cost["components_us"]
+            assert kandev_parts <= parts.keys()
+            assert all(value >= 0 for value in parts.values()), parts
+            assert abs(sum(parts.values()) - cost["total_us"]) <= 0.1, parts
+            assert cost["total_us"] > 0
+            assert cost["postgres_us"] is not None and cost["postgres_us"] >= 0
+            assert cost["commits_per_op"] >= 0 and cost["write_transactions_per_op"] >= 0
+            assert {"waited_per_op", "wait_ms_per_op", "checkouts_per_op"} <= cost["pool"].keys()
+    # A Created writes: the save is measured on both sides.
+    created = scaling["cost_per_created"][0]
+    for side in ("kandev", "peer"):
+        assert created[side]["components_us"]["save statement (+NOTIFY)"] > 0
+        assert created[side]["write_transactions_per_op"] > 0
+    servers = scaling["servers"]
+    assert servers["same"] is True
+    assert servers["kandev"]["worker_class"] == servers["peer"]["worker_class"]
+    assert servers["kandev"]["threads"] == servers["peer"]["threads"]
+    assert servers["kandev"]["not_wrapped"] == [] and servers["peer"]["not_wrapped"] == []
+    assert "cost:" in stderr

@@ -231,3 +231,29 @@ def test_a_failing_recovery_scan_never_skips_revoking_exited_agents(
         runtime.stop()
         thread.join(timeout=30)
         stop_run(run_id)
+
+
+def test_one_run_that_cannot_be_revoked_never_keeps_the_others_credentials_alive(
+    settings, client, services, workspace, member, monkeypatch
+):
+    import json
+    import uuid
+
+    from kandev_es.agent.processes import stop_run
+    from kandev_es.domain.agent_session import session_id_for
+    from tests.integration.test_runtime_agent_exit import revocations
+
+    monkeypatch.setenv("KANDEV_DEMO_AGENT_SECONDS", "120")
+    _, secret = member
+    made = create(client, secret, external_id="AX-10", title="t", start_agent=True)
+    assert made.status_code == 200, made.json
+    run_id = str(session_id_for(uuid.UUID(made.json["id"])))
+    # A pidfile no run credential can be derived from (sorted before the real one).
+    bad = data_path(settings, "agents", f"{uuid.UUID(int=0)}.pid")
+    bad.write_text(json.dumps({"run_id": "\ud800"}), encoding="utf-8")
+    try:
+        stop_run(run_id)
+        services.runtime().revoke_exited_agents()
+        assert revocations(services, run_id) == ["agent_exited"]
+    finally:
+        stop_run(run_id)
