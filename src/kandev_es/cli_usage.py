@@ -20,6 +20,7 @@ from click.exceptions import NoArgsIsHelpError
 from kandev_es.bootstrap import Services, bootstrap, store_exists
 from kandev_es.config import Settings, load_settings, postgres_target
 from kandev_es.errors import InvalidSetting, KandevError
+from kandev_es.limits import unstorable
 
 
 class _Int(click.IntRange):
@@ -52,6 +53,7 @@ class OneLineUsage(click.Group):
         self, args: Sequence[str] | None = None, prog_name: str | None = None, **extra: Any
     ) -> Any:
         extra.pop("standalone_mode", None)
+        _check_arguments(sys.argv[1:] if args is None else args)
         try:
             result = super().main(args, prog_name, standalone_mode=False, **extra)
         except NoArgsIsHelpError as error:  # a bare group: its help, as click shows it
@@ -72,6 +74,20 @@ class OneLineUsage(click.Group):
             sys.exit(1)
         # Without standalone mode click returns --help's exit code or the callback's value.
         sys.exit(result if isinstance(result, int) else 0)
+
+
+def _check_arguments(args: Sequence[str]) -> None:
+    """Every argument is text a store can hold, checked once before any
+    command runs (the CLI's edge, as limits.parse_json_body is the API's): a
+    non-UTF-8 byte in argv arrives as a lone surrogate (surrogateescape), which
+    would fail with a traceback wherever it is first encoded."""
+    for position, argument in enumerate(args, start=1):
+        if unstorable(argument) is not None:
+            click.echo(
+                f"Error: argument {position} is not valid UTF-8 text (see 'kandev-es --help')",
+                err=True,
+            )
+            sys.exit(2)
 
 
 # --- Which store a command uses -------------------------------------------------------

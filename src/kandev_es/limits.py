@@ -143,9 +143,16 @@ def field_path(path: tuple[Any, ...]) -> str:
     return text or "(body)"
 
 
-def _invalid_text(path: tuple[Any, ...], text: str, in_key: bool = False) -> InvalidText:
+def unstorable(text: str) -> str | None:
+    """Why ``text`` cannot be stored as text ("nul", "lone_surrogate"), or None."""
     found = _UNSTORABLE.search(text)
-    reason = "nul" if found is not None and found.group() == "\x00" else "lone_surrogate"
+    if found is None:
+        return None
+    return "nul" if found.group() == "\x00" else "lone_surrogate"
+
+
+def _invalid_text(path: tuple[Any, ...], text: str, in_key: bool = False) -> InvalidText:
+    reason = unstorable(text)
     where = "a key" if in_key else "a string"
     what = "NUL" if reason == "nul" else "a lone surrogate"
     return InvalidText(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import uuid
 
 from kandev_es.bootstrap import bootstrap
@@ -150,6 +151,22 @@ def test_bad_numeric_setting_is_a_one_line_usage_error(settings):
         assert result.stdout == ""
     # nothing was created: the failure came before any storage was touched
     assert not settings.sqlite_path.exists() or settings.database_url
+
+
+def test_unusable_audit_link_seconds_are_a_one_line_usage_error(settings):
+    """nan, infinities, 1e300 and negatives are refused before the command runs
+    (they used to reach timedelta() and print a traceback)."""
+    for value in ("nan", "inf", "1e300", "-1"):
+        result = _run(
+            settings, "identity", "history", "--workspace", "w", "--external-id", "e",
+            KANDEV_AUDIT_LINK_SECONDS=value,
+        )
+        assert result.returncode == 2, result.stderr
+        [line] = result.stderr.strip().splitlines()
+        assert line == (
+            f"Error: KANDEV_AUDIT_LINK_SECONDS must be seconds in [0, 31622400], got '{value}'"
+        )
+        assert "Traceback" not in result.stderr and result.stdout == ""
 
 
 BAD_VALUES = [
@@ -393,3 +410,26 @@ def test_serve_points_log_level_to_the_global_option_and_shows_its_worker_defaul
     assert "[default: (1 on SQLite, 2 on PostgreSQL); x>=1]" in shown
     assert "kandev-es --log-level debug serve" in shown
     assert not (tmp_path / "data").exists()
+
+
+def test_an_argument_that_is_not_utf8_is_a_one_line_usage_error_that_stores_nothing(settings):
+    """A non-UTF-8 byte in argv reaches Python as a lone surrogate
+    (surrogateescape); it is refused before any command runs, instead of a
+    traceback where it was first encoded (a workspace name, a token label)."""
+    assert _run(settings, "db", "init").returncode == 0
+    store = bootstrap(settings.with_overrides(create_tables=False))
+    try:
+        before = store.app.max_notification_id()
+        for args in (("workspace", "create", "w" + os.fsdecode(b"\xff")),
+                     ("token", "create", "--admin", "--label", os.fsdecode(b"\xed\xa0\x80"))):
+            result = _run(settings, *args)
+            assert result.returncode == 2, result.stderr
+            assert result.stderr.strip().splitlines() == [
+                f"Error: argument {len(args)} is not valid UTF-8 text (see 'kandev-es --help')"
+            ]
+            assert result.stdout == ""
+        assert store.app.max_notification_id() == before
+        made = _run(settings, "token", "create", "--admin", "--label", "caf\u00e9")  # UTF-8 is fine
+        assert made.returncode == 0, made.stderr
+    finally:
+        store.close()
