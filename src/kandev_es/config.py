@@ -241,46 +241,77 @@ def _raw(env: Mapping[str, str], name: str) -> str | None:
     return env.get(name) or None
 
 
+DAY, YEAR = 86_400, 366 * 86_400
+# Every numeric setting and its bounds, inclusive: an integer's (low, high); a
+# number of seconds' (low, high, low_excluded). A value outside them, nan, inf
+# or no number at all is InvalidSetting (the CLI's one-line usage error, exit 2),
+# never a traceback later (timedelta(seconds=nan) in the middle of a command).
+INT_SETTINGS: dict[str, tuple[int, int]] = {
+    "KANDEV_POOL_SIZE": (1, 1_000),
+    "KANDEV_MAX_BODY_BYTES": (1, 1 << 30),
+    "KANDEV_MAX_CONNECTIONS": (1, 1_000_000),
+    "KANDEV_PG_CONNECT_TIMEOUT": (1, 3_600),
+    "KANDEV_MAX_STREAMS": (0, 4_096),
+    "KANDEV_MAX_STREAMS_PER_TOKEN": (0, 4_096),
+    "KANDEV_MAX_AGENTS_PER_RUN": (0, 10_000),
+    "KANDEV_MAX_RUN_AGENTS_PER_WORKSPACE": (0, 10_000),
+    "KANDEV_STEP_ATTEMPTS": (1, 1_000),
+    "KANDEV_RECOVERY_ATTEMPTS": (1, 1_000),
+}
+SECONDS_SETTINGS: dict[str, tuple[float, float, bool]] = {
+    "KANDEV_HEADER_TIMEOUT": (0, DAY, True),
+    "KANDEV_BODY_TIMEOUT": (0, DAY, True),
+    "KANDEV_IDLE_TIMEOUT": (0, DAY, True),
+    "KANDEV_PROJECTION_POLL_SECONDS": (0, 3_600, True),
+    "KANDEV_LEASE_SECONDS": (0, DAY, True),
+    "KANDEV_RUN_TOKEN_TTL": (0, YEAR, True),
+    # 0: no backoff.
+    "KANDEV_RECOVERY_BACKOFF_SECONDS": (0, DAY, False),
+    # 0: a link that is expired at once (tests use it).
+    "KANDEV_AUDIT_LINK_SECONDS": (0, YEAR, False),
+}
+
+
+def _shown(raw: str) -> str:
+    """A bad value as the one-line error quotes it: at most 40 characters."""
+    return repr(raw if len(raw) <= 40 else raw[:40] + "...")
+
+
 def _int(env: Mapping[str, str], name: str, default: int) -> int:
+    low, high = INT_SETTINGS[name]
     raw = _raw(env, name)
+    if raw is None:
+        return default
     try:
-        return default if raw is None else int(raw)
-    except ValueError:
-        raise InvalidSetting(f"{name} must be an integer, got {raw!r}") from None
-
-
-def _float(env: Mapping[str, str], name: str, default: float) -> float:
-    raw = _raw(env, name)
-    try:
-        return default if raw is None else float(raw)
-    except ValueError:
-        raise InvalidSetting(f"{name} must be a number, got {raw!r}") from None
-
-
-def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
-    """A finite, positive number of seconds (at most a day)."""
-    value = _float(env, name, default)
-    if not 0 < value <= 86_400:  # also refuses nan and inf
-        raise InvalidSetting(f"{name} must be seconds in (0, 86400], got {value!r}")
+        value = int(raw)
+    except ValueError:  # also past Python's digit limit
+        raise InvalidSetting(f"{name} must be an integer, got {_shown(raw)}") from None
+    if not low <= value <= high:
+        raise InvalidSetting(f"{name} must be an integer in [{low}, {high}], got {_shown(raw)}")
     return value
 
 
-def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
-    value = _int(env, name, default)
-    if value < 1:
-        raise InvalidSetting(f"{name} must be at least 1, got {value!r}")
+def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
+    low, high, low_excluded = SECONDS_SETTINGS[name]
+    raw = _raw(env, name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise InvalidSetting(f"{name} must be a number, got {_shown(raw)}") from None
+    above_low = value > low if low_excluded else value >= low
+    if not (above_low and value <= high):  # also refuses nan and inf
+        bounds = f"{'(' if low_excluded else '['}{low}, {high}]"
+        raise InvalidSetting(f"{name} must be seconds in {bounds}, got {_shown(raw)}")
     return value
 
 
 def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
     env = os.environ if environ is None else environ
-    step_attempts = _positive_int(env, "KANDEV_STEP_ATTEMPTS", Settings.step_attempts)
-    recovery_attempts = _positive_int(env, "KANDEV_RECOVERY_ATTEMPTS", Settings.recovery_attempts)
-    backoff = _float(env, "KANDEV_RECOVERY_BACKOFF_SECONDS", Settings.recovery_backoff_seconds)
-    if not 0 <= backoff <= 86_400:  # also refuses nan and inf; 0: no backoff
-        raise InvalidSetting(
-            f"KANDEV_RECOVERY_BACKOFF_SECONDS must be seconds in [0, 86400], got {backoff!r}"
-        )
+    step_attempts = _int(env, "KANDEV_STEP_ATTEMPTS", Settings.step_attempts)
+    recovery_attempts = _int(env, "KANDEV_RECOVERY_ATTEMPTS", Settings.recovery_attempts)
+    backoff = _seconds(env, "KANDEV_RECOVERY_BACKOFF_SECONDS", Settings.recovery_backoff_seconds)
     settings = Settings(
         step_attempts=step_attempts,
         recovery_attempts=recovery_attempts,
@@ -293,10 +324,10 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         header_timeout=_seconds(env, "KANDEV_HEADER_TIMEOUT", 10.0),
         body_timeout=_seconds(env, "KANDEV_BODY_TIMEOUT", 30.0),
         idle_timeout=_seconds(env, "KANDEV_IDLE_TIMEOUT", 5.0),
-        max_connections=_positive_int(env, "KANDEV_MAX_CONNECTIONS", 2048),
-        projection_poll_seconds=_float(env, "KANDEV_PROJECTION_POLL_SECONDS", 0.2),
+        max_connections=_int(env, "KANDEV_MAX_CONNECTIONS", 2048),
+        projection_poll_seconds=_seconds(env, "KANDEV_PROJECTION_POLL_SECONDS", 0.2),
         log_level=env.get("KANDEV_LOG_LEVEL") or None,
-        lease_seconds=_float(env, "KANDEV_LEASE_SECONDS", 30.0),
+        lease_seconds=_seconds(env, "KANDEV_LEASE_SECONDS", 30.0),
         agent_command=env.get("KANDEV_AGENT_COMMAND") or Settings.agent_command,
         public_url=env.get("KANDEV_PUBLIC_URL") or Settings.public_url,
         failpoint=env.get("KANDEV_FAILPOINT") or None,
@@ -308,8 +339,8 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
             Path(part) for part in (env.get("KANDEV_REPOSITORY_ROOTS") or "").split(":") if part
         ),
         max_streams_per_token=_int(env, "KANDEV_MAX_STREAMS_PER_TOKEN", 8),
-        run_token_ttl=_float(env, "KANDEV_RUN_TOKEN_TTL", 24 * 3600.0),
-        audit_link_seconds=_float(env, "KANDEV_AUDIT_LINK_SECONDS", 900.0),
+        run_token_ttl=_seconds(env, "KANDEV_RUN_TOKEN_TTL", 24 * 3600.0),
+        audit_link_seconds=_seconds(env, "KANDEV_AUDIT_LINK_SECONDS", 900.0),
         max_agents_per_run=_int(env, "KANDEV_MAX_AGENTS_PER_RUN", 4),
         max_run_agents_per_workspace=_int(env, "KANDEV_MAX_RUN_AGENTS_PER_WORKSPACE", 16),
         agent_env=tuple(

@@ -346,6 +346,15 @@ HTTP_STATUS: dict[type[KandevError], int] = {
 }
 
 
+# Sent with every HTTP answer of both adapters (api/app.py for REST and the
+# auditor's page, mcp/server.py's gate for MCP over HTTP). Every answer is for
+# its bearer's eyes and some carry a secret (a created token, a Created's
+# creation_handle, an audit link's page): no cache, shared or private, may keep
+# one. Set for every route, so a new route that carries a secret is covered too;
+# only static assets may be cached.
+NO_STORE = ("Cache-Control", "no-store")
+
+
 def http_status(error: KandevError | type[KandevError]) -> int:
     """The HTTP status of a typed error (or of its class); 500 for one of no
     listed family (InvalidSetting, which only the CLI reports)."""

@@ -153,6 +153,22 @@ def test_bad_numeric_setting_is_a_one_line_usage_error(settings):
     assert not settings.sqlite_path.exists() or settings.database_url
 
 
+def test_unusable_audit_link_seconds_are_a_one_line_usage_error(settings):
+    """nan, infinities, 1e300 and negatives are refused before the command runs
+    (they used to reach timedelta() and print a traceback)."""
+    for value in ("nan", "inf", "1e300", "-1"):
+        result = _run(
+            settings, "identity", "history", "--workspace", "w", "--external-id", "e",
+            KANDEV_AUDIT_LINK_SECONDS=value,
+        )
+        assert result.returncode == 2, result.stderr
+        [line] = result.stderr.strip().splitlines()
+        assert line == (
+            f"Error: KANDEV_AUDIT_LINK_SECONDS must be seconds in [0, 31622400], got '{value}'"
+        )
+        assert "Traceback" not in result.stderr and result.stdout == ""
+
+
 BAD_VALUES = [
     (("serve", "--port", "abc"), "--port", "'abc' is not a valid integer"),
     (("serve", "--port", "70000"), "--port", "70000 is not in the range 1<=x<=65535"),

@@ -7,8 +7,7 @@ from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 
 import httpx
-
-from kandev_es.client import _retry_after
+from kandev_es_client import _retry_after
 
 
 def _answer(value: str | None) -> httpx.Response:

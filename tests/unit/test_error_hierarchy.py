@@ -17,8 +17,8 @@ from tests.unit.test_layers import modules
 # The caller's side of the wire (client.py), click's own exception type, and
 # the failpoint that stands for an error no code knows (it must stay unknown).
 OUTSIDE = {
-    "kandev_es.client.ClientError",
-    "kandev_es.client.DeadlineExceeded",
+    "kandev_es_client.ClientError",
+    "kandev_es_client.DeadlineExceeded",
     "kandev_es.cli.SettingError",
     "kandev_es.creation.failpoints.FailpointRaised",
 }

@@ -1,4 +1,4 @@
-"""Layers point one way (README: Layout). Every module of the package sits in
+"""Layers point one way (docs/architecture.md: Layout). Every module of the package sits in
 one group of one layer; a module may import its own group and any group of a
 lower layer, never a higher layer and never another group of its own layer.
 Every import counts: module level, inside a function, under TYPE_CHECKING.

@@ -25,6 +25,7 @@ from kandev_es.api import (
 from kandev_es.api.context import EXTENSION_KEY
 from kandev_es.bootstrap import Services, bootstrap
 from kandev_es.config import Settings, load_settings
+from kandev_es.errors import NO_STORE
 from kandev_es.limits import check_query_string, parse_cursor
 from kandev_es.services.stream_slots import StreamSlots
 
@@ -50,6 +51,7 @@ def create_app(
     errors.register(app)
     _instrument_requests(app)
     app.before_request(_check_query)
+    app.after_request(_no_store)
     if run_projections:
         services.projections.start_thread(settings.projection_poll_seconds)
         if settings.runtime_in_process:
@@ -127,6 +129,13 @@ def _check_query() -> None:
         check_query_string(request.query_string)
         parse_cursor(request.args.get("after"))
     parse_cursor(request.headers.get("Last-Event-ID"), "Last-Event-ID")
+
+
+def _no_store(response: Response) -> Response:
+    """errors.NO_STORE on every answer but a static asset."""
+    if not (request.endpoint or "").endswith("static"):
+        response.headers[NO_STORE[0]] = NO_STORE[1]
+    return response
 
 
 def _start_runtime(services: Services) -> None:

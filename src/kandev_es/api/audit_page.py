@@ -88,9 +88,7 @@ def _error(error: KandevError) -> ResponseReturnValue:
 def _headers(response: Response) -> Response:
     response.headers["Content-Security-Policy"] = CSP
     response.headers["X-Content-Type-Options"] = "nosniff"
-    # The page's URL may carry an audit link: never send it on as a Referer,
-    # never keep the page in a cache.
+    # The page's URL may carry an audit link: never send it on as a Referer
+    # (Cache-Control: no-store, as on every answer, comes from api/app.py).
     response.headers["Referrer-Policy"] = "no-referrer"
-    if request.endpoint != "audit_page.static":
-        response.headers["Cache-Control"] = "no-store"
     return response

@@ -138,5 +138,5 @@ class EventStream(MethodView):
                 ),
             ),
             mimetype="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            headers={"X-Accel-Buffering": "no"},  # Cache-Control: api/app.py
         )

@@ -34,12 +34,18 @@ from mcp_types import (
 )
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kandev_es import __version__
 from kandev_es.bootstrap import Services
 from kandev_es.domain.principal import Principal
-from kandev_es.errors import KandevError, MethodNotAllowed, Unauthenticated, http_status
+from kandev_es.errors import (
+    NO_STORE,
+    KandevError,
+    MethodNotAllowed,
+    Unauthenticated,
+    http_status,
+)
 from kandev_es.limits import check_json_text
 from kandev_es.mcp import errors, tools
 from kandev_es.mcp.handlers import HANDLERS
@@ -123,6 +129,20 @@ def serve_stdio(services: Services, token: str | None) -> None:
     anyio.run(run)
 
 
+def _no_store(send: Send) -> Send:
+    """``send`` adding the REST API's Cache-Control (errors.NO_STORE) to
+    every answer: a create tool's result carries its creation_handle."""
+    name, value = (part.encode() for part in NO_STORE)
+
+    async def sending(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            headers = [h for h in message.get("headers", []) if h[0].lower() != name.lower()]
+            message = {**message, "headers": [*headers, (name.lower(), value)]}
+        await send(message)
+
+    return sending
+
+
 class TokenGate:
     """ASGI in front of the MCP app: an HTTP request goes on only if its bearer
     token authenticates (read afresh, as every REST request does); otherwise it
@@ -138,6 +158,7 @@ class TokenGate:
         if scope["type"] != "http":  # lifespan: the app's own startup and shutdown
             await self._app(scope, receive, send)
             return
+        send = _no_store(send)
         secret = bearer_of(Headers(scope=scope).get("authorization", ""))
         try:
             if secret is None or await anyio.to_thread.run_sync(self._authenticate, secret) is None:

@@ -75,5 +75,5 @@ class ExitedAgents:
             except StoreUnavailable:
                 raise  # every other run would meet the outage too
             except Exception:  # one run's failure never keeps the others' credentials alive
-                log.exception("revoking the run credential of run=%s failed", run_id)
+                log.exception("revoking the run credential of run=%r failed", run_id)
         return revoked

@@ -1,6 +1,6 @@
-"""README's Layout names every package and module of the installed package
-(src/kandev_es and the top-level projections/), so a new module fails here
-until the README says what it is for."""
+"""The Layout of docs/architecture.md names every package and module of the
+installed package (src/kandev_es and the top-level projections/), so a new module
+fails here until the documentation says what it is for."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def layout_block() -> str:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = readme.split("\n## Layout\n", 1)[1]
+    page = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    section = page.split("\n## Layout\n", 1)[1]
     return section.split("```", 2)[1]
 
 
@@ -32,7 +32,7 @@ def unnamed(layout: str) -> list[str]:
 
 def test_layout_names_every_package_and_module() -> None:
     missing = unnamed(layout_block())
-    assert missing == [], "README Layout does not name: " + ", ".join(missing)
+    assert missing == [], "docs/architecture.md Layout does not name: " + ", ".join(missing)
 
 
 def test_a_module_the_layout_omits_is_reported() -> None:
@@ -43,7 +43,8 @@ def test_a_module_the_layout_omits_is_reported() -> None:
 def test_the_import_order_drawn_is_the_one_the_layer_test_enforces() -> None:
     from tests.unit.test_layers import LAYERS
 
-    section = (ROOT / "README.md").read_text(encoding="utf-8").split("\n## Layout\n", 1)[1]
+    page = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    section = page.split("\n## Layout\n", 1)[1]
     drawing = next(block for block in section.split("```")[1::2] if "→" in block)
     drawn = [
         [sorted(name.strip() for name in group.split(",")) for group in layer.split("|")]

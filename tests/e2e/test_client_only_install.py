@@ -1,0 +1,71 @@
+"""The client-only install: ``pip install ./clients/python`` into a fresh venv
+without site packages brings httpx and the client, not the server (no flask,
+gunicorn, mcp, eventsourcing, kandev_es), and that client creates and retries a
+task against a real served process. One version for the client, the server, the
+package metadata and the changelog."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import venv
+from importlib.metadata import version
+from pathlib import Path
+
+from kandev_es.config import Settings
+from tests.support.served import ServedProcess
+
+ROOT = Path(__file__).resolve().parents[2]
+
+CLIENT_ONLY = """
+import importlib.util, os, sys
+from kandev_es_client import Client
+
+for server_part in ("flask", "gunicorn", "mcp", "eventsourcing", "kandev_es", "click"):
+    assert importlib.util.find_spec(server_part) is None, server_part + " is installed"
+with Client(os.environ["BASE"], os.environ["TOKEN"], deadline=30) as client:
+    first = client.create_task(os.environ["WS"], "From the client", external_id="CLIENT-1")
+    again = client.create_task(os.environ["WS"], "From the client", external_id="CLIENT-1")
+print(first.outcome, again.outcome, first.task["id"] == again.task["id"])
+"""
+
+
+def test_the_client_installs_alone_and_creates_against_a_served_process(tmp_path):
+    env_dir = tmp_path / "client-venv"
+    venv.create(env_dir, with_pip=True, system_site_packages=False)
+    python = env_dir / "bin" / "python"
+    source = tmp_path / "client-src"  # pip builds in place: keep the clone clean
+    shutil.copytree(ROOT / "clients" / "python", source,
+                    ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    installed = subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", str(source)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert installed.returncode == 0, installed.stderr
+    server = ServedProcess(Settings(data_dir=tmp_path / "data"), tmp_path)
+    try:
+        done = subprocess.run(
+            [str(python), "-c", CLIENT_ONLY],
+            env={"BASE": server.base, "TOKEN": server.token or "", "WS": server.workspace_id,
+                 "PATH": str(env_dir / "bin")},
+            capture_output=True, text=True, timeout=120,
+        )
+    finally:
+        server.stop()
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["created", "found_settled", "True"]
+
+
+def test_one_version_for_client_server_metadata_and_changelog():
+    import kandev_es_client
+
+    import kandev_es
+
+    assert kandev_es_client.__version__ == kandev_es.__version__ == version("kandev-es")
+    changelog = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+    newest = re.search(r"^## \[?(\d+\.\d+\.\d+)", changelog, flags=re.M)
+    assert newest and newest.group(1) == kandev_es.__version__
+    from kandev_es.client import Client
+
+    assert Client is kandev_es_client.Client  # one copy of the code
