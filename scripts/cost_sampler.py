@@ -85,12 +85,16 @@ def _table() -> dict[tuple[str, str], int]:
     if table is None:
         table = _local.table = {}
         _local.stack = []
-        _local.mark = 0
+        _local.mark = _local.wall = _local.entered = 0
         _tables.append(table)
     return table
 
 
 def timed(component: str, function: Callable[..., Any]) -> Callable[..., Any]:
+    """``function`` charging its exclusive CPU time, and its exclusive wall
+    time (CPU plus waiting: I/O, a pooled connection, a lock, the GIL), to
+    ``component``; the outermost boundary also records its inclusive wall time."""
+
     @functools.wraps(function)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         phase = _phase
@@ -98,19 +102,29 @@ def timed(component: str, function: Callable[..., Any]) -> Callable[..., Any]:
             return function(*args, **kwargs)
         table = _table()
         stack: list[str] = _local.stack
-        now = time.thread_time_ns()
+        now, wall = time.thread_time_ns(), time.perf_counter_ns()
         if stack:  # the enclosing component's own time up to here
             key = (phase, stack[-1])
             table[key] = table.get(key, 0) + now - _local.mark
+            key = (phase, "wall:" + stack[-1])
+            table[key] = table.get(key, 0) + wall - _local.wall
+        else:
+            _local.entered = wall
         stack.append(component)
-        _local.mark = now
+        _local.mark, _local.wall = now, wall
         try:
             return function(*args, **kwargs)
         finally:
-            now = time.thread_time_ns()
-            key = (phase, stack.pop())
+            now, wall = time.thread_time_ns(), time.perf_counter_ns()
+            name = stack.pop()
+            key = (phase, name)
             table[key] = table.get(key, 0) + now - _local.mark
-            _local.mark = now
+            key = (phase, "wall:" + name)
+            table[key] = table.get(key, 0) + wall - _local.wall
+            if not stack:
+                key = (phase, "inclusive wall:" + name)
+                table[key] = table.get(key, 0) + wall - _local.entered
+            _local.mark, _local.wall = now, wall
 
     return wrapper
 

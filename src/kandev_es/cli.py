@@ -27,7 +27,7 @@ from kandev_es.cli_usage import (
     store_settings,
     workspace_id,
 )
-from kandev_es.config import load_settings
+from kandev_es.config import load_settings, local_url
 from kandev_es.errors import InvalidSetting, KandevError
 
 
@@ -332,7 +332,9 @@ def serve(host: str, port: int, workers: int | None, threads: int) -> None:
         logging.getLogger("kandev_es").log(
             logging.INFO if found.durable else logging.WARNING, "store %s", found.describe())
     first_start(settings, host, port)
-    run_server(settings.with_overrides(create_tables=False), host, port, workers, threads)
+    # Agents call the API where this server listens (not KANDEV_PUBLIC_URL).
+    listening = settings.with_overrides(create_tables=False, agent_api_url=local_url(host, port))
+    run_server(listening, host, port, workers, threads)
 
 
 @main.command("mcp", short_help="Run the MCP server (stdio, or streamable HTTP with --http).")

@@ -44,6 +44,11 @@ class Settings:
     # Shell-style command line of the agent launched for start_agent tasks.
     agent_command: str = f"{sys.executable} -m kandev_es.agent.demo"
     public_url: str = "http://127.0.0.1:8000"
+    # The API's URL for agents on this host (their KANDEV_API_URL): the address
+    # the server listens on -- serve's --host/--port, else the production
+    # command's KANDEV_BIND -- not KANDEV_PUBLIC_URL, which is for browsers
+    # (audit links). None (a unix socket bind): KANDEV_PUBLIC_URL.
+    agent_api_url: str | None = "http://127.0.0.1:8000"
     # "<step>:<before|after>": SIGKILL this process once at that boundary (crash tests).
     failpoint: str | None = None
     # `serve` also runs the recovery Runtime in its workers (several are safe).
@@ -330,6 +335,8 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         lease_seconds=_seconds(env, "KANDEV_LEASE_SECONDS", 30.0),
         agent_command=env.get("KANDEV_AGENT_COMMAND") or Settings.agent_command,
         public_url=env.get("KANDEV_PUBLIC_URL") or Settings.public_url,
+        # http/gunicorn.conf.py binds to KANDEV_BIND (default 127.0.0.1:8000).
+        agent_api_url=bind_url(env.get("KANDEV_BIND") or "127.0.0.1:8000"),
         failpoint=env.get("KANDEV_FAILPOINT") or None,
         runtime_in_process=_flag(env.get("KANDEV_RUNTIME_IN_PROCESS"), True),
         pg_pre_ping="y" if _flag(env.get("KANDEV_PG_PRE_PING"), False) else "n",
@@ -381,6 +388,29 @@ def take_mcp_token(environ: MutableMapping[str, str] | None = None) -> str | Non
     (agents get their own run token) never inherit the caller's credential."""
     env = os.environ if environ is None else environ
     return env.pop("KANDEV_TOKEN", None) or None
+
+
+def local_url(host: str, port: int) -> str:
+    """The URL a process on this host reaches a server listening on ``host``
+    and ``port`` at: a wildcard address is reached on loopback."""
+    host = host.strip("[]")
+    if host in ("", "0.0.0.0"):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def bind_url(bind: str) -> str | None:
+    """``local_url`` of a gunicorn bind (``HOST:PORT``, ``[V6]:PORT``, ``HOST``
+    for port 8000); None for ``unix:PATH`` and ``fd://N``, which agents cannot
+    reach over TCP."""
+    if bind.startswith(("unix:", "fd://")):
+        return None
+    host, colon, port = bind.rpartition(":")
+    if not colon or not port.isdigit() or (host.count(":") and not host.endswith("]")):
+        host, port = bind, "8000"  # no port given (a bare IPv6 address included)
+    return local_url(host, int(port))
 
 
 def data_path(settings: Settings, *parts: str) -> Path:

@@ -59,3 +59,54 @@ def test_an_agent_gets_only_the_allowlist_and_its_run_variables(settings, tmp_pa
 def _parse(dump: Path) -> dict[str, str]:
     pairs = [item.split("=", 1) for item in dump.read_text().split("\0") if "=" in item]
     return {name: value for name, value in pairs}
+
+
+DEFAULT_URL = "http://127.0.0.1:8000"  # KANDEV_PUBLIC_URL's default: not where these listen
+
+
+def _agent_api_url(server, settings) -> str:
+    """The KANDEV_API_URL a real agent launched by ``server`` got."""
+    run_id = ""
+    try:
+        task_id, run_id = server.start_agent_task("url probe")
+        dump = data_path(settings, "sessions", task_id) / "env.dump"
+        server.wait_for_file(dump, "agent never wrote env", WAIT_S)
+        return _parse(dump)["KANDEV_API_URL"]
+    finally:
+        if run_id:
+            stop_run(run_id)
+
+
+def test_agents_get_the_address_serve_listens_on_not_the_public_url(settings, tmp_path):
+    """`serve --port P` (not 8000), KANDEV_PUBLIC_URL left at its default: the
+    agent's KANDEV_API_URL is where the server listens, and answers there."""
+    from tests.support.served import http
+
+    script = tmp_path / "agent.sh"
+    script.write_text("#!/bin/sh\nenv -0 > env.dump.tmp\nmv env.dump.tmp env.dump\n")
+    server = ServedProcess(
+        settings, tmp_path, KANDEV_AGENT_COMMAND=f"sh {script}", KANDEV_PUBLIC_URL=DEFAULT_URL
+    )
+    try:
+        assert server.port != 8000
+        url = _agent_api_url(server, settings)
+        assert url == server.base
+        assert http("GET", f"{url}/healthz").status == 200
+    finally:
+        server.stop()
+
+
+def test_agents_get_the_production_commands_bind(settings, tmp_path):
+    """The production command (gunicorn -c http/gunicorn.conf.py) on KANDEV_BIND."""
+    from tests.support.served import ConfServed
+
+    script = tmp_path / "agent.sh"
+    script.write_text("#!/bin/sh\nenv -0 > env.dump.tmp\nmv env.dump.tmp env.dump\n")
+    server = ConfServed(
+        settings, tmp_path, KANDEV_AGENT_COMMAND=f"sh {script}", KANDEV_PUBLIC_URL=DEFAULT_URL,
+        KANDEV_WORKERS="1",
+    )
+    try:
+        assert _agent_api_url(server, settings) == server.base
+    finally:
+        server.stop()

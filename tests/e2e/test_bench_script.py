@@ -122,6 +122,10 @@ def test_cost_tables_split_each_request_s_cpu_by_component_for_kandev_and_the_pe
             assert cost["postgres_us"] is not None and cost["postgres_us"] >= 0
             assert cost["commits_per_op"] >= 0 and cost["write_transactions_per_op"] >= 0
             assert {"waited_per_op", "wait_ms_per_op", "checkouts_per_op"} <= cost["pool"].keys()
+            # where the time (not only the CPU) goes: waiting shows beside it
+            assert {"Flask + API", "auth", "reads"} <= cost["wall_ms_per_op"].keys()
+            assert all(value >= 0 for value in cost["wall_ms_per_op"].values())
+            assert cost["app_ms_per_op"] > 0 and cost["latency_ms"] > 0
     # A Created writes: the save is measured on both sides.
     created = scaling["cost_per_created"][0]
     for side in ("kandev", "peer"):

@@ -122,7 +122,7 @@ def run_page(page: Path, server: ServedProcess, cwd: Path) -> int:
     return ran
 
 
-@pytest.mark.parametrize("page", ["docs/getting-started.md"])
+@pytest.mark.parametrize("page", ["README.md", "docs/getting-started.md"])
 def test_every_command_of_the_page_runs_and_prints_what_it_shows(page, tmp_path):
     clone = tmp_path / "clone"
     clone.mkdir()

@@ -215,8 +215,7 @@ class ServedProcess(Launched):
                 settings,
                 _fresh_log(log_dir, f"serve-{self.port}"),
                 launcher,
-                KANDEV_PUBLIC_URL=self.base,
-                **extra_env,
+                **{"KANDEV_PUBLIC_URL": self.base, **extra_env},
             )
             try:
                 self.token, self.workspace_id = self._banner()

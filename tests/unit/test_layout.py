@@ -1,5 +1,5 @@
-"""The layout README's Layout section describes: http/ holds the contract, never a Python package
-that would shadow the standard library's ``http``."""
+"""The layout docs/architecture.md's Layout section describes: http/ holds the
+contract, never a Python package that would shadow the standard library's ``http``."""
 
 from __future__ import annotations
 

@@ -135,7 +135,7 @@ class AgentLaunchStep:
             KANDEV_RUN_ID=run_id,
             KANDEV_RUN_TOKEN=secret,
             KANDEV_TASK_ID=str(ctx.task_id),
-            KANDEV_API_URL=ctx.settings.public_url,
+            KANDEV_API_URL=ctx.settings.agent_api_url or ctx.settings.public_url,
             KANDEV_WORKTREE=str(cwd),
         )
         command = shlex.split(ctx.settings.agent_command)
