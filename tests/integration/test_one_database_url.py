@@ -12,6 +12,7 @@ read-only node, or on 127.0.0.1:5432, and the test fails."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -41,12 +42,14 @@ pytestmark = pytest.mark.postgres_only
 def read_only_node() -> Iterator[Cluster]:
     # Not under pytest's tmp dir: concurrent pytest runs reset its parent to
     # 0700, which the postgres OS user cannot cross.
-    cluster = start_cluster(Path(tempfile.mkdtemp(prefix="kandev-es-ro-")) / "pg")
+    directory = Path(tempfile.mkdtemp(prefix="kandev-es-ro-"))
+    cluster = start_cluster(directory / "pg")
     with psycopg.connect(cluster.url, autocommit=True) as admin:
         admin.execute("ALTER SYSTEM SET default_transaction_read_only = on")
         admin.execute("SELECT pg_reload_conf()")
     yield cluster
     cluster.stop()
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 def formation_url(read_only: Cluster, spelling: str, schema: str) -> str:

@@ -10,6 +10,7 @@ and a reload turn every open session read-only at once, as a demotion does."""
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 import time
 import uuid
@@ -33,9 +34,11 @@ pytestmark = pytest.mark.postgres_only
 
 @pytest.fixture(scope="module")
 def node() -> Iterator[Cluster]:
-    cluster = start_cluster(Path(tempfile.mkdtemp(prefix="kandev-es-ro-")) / "pg")
+    directory = Path(tempfile.mkdtemp(prefix="kandev-es-ro-"))
+    cluster = start_cluster(directory / "pg")
     yield cluster
     cluster.stop()
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 def _read_only(cluster: Cluster, on: bool) -> None:
