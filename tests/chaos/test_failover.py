@@ -3,7 +3,9 @@ availability"), with real parts only: a pg_auto_failover formation on
 127.0.0.1 (``scripts/ha-cluster``: a monitor, a primary and a synchronous
 standby), two ``kandev-es serve`` nodes with their own data dirs on the
 formation's one multi-host URL, and client threads creating tasks over HTTP
-with fresh external IDs and retries of IDs already sent.
+with fresh external IDs and retries of IDs already sent; one client's
+creates have a real effect (a branch and a worktree in a registered git
+repository).
 
 During the load the primary dies (SIGKILL of its postmaster and its
 pg_autoctl keeper: an unplanned failover), the old primary rejoins as the
@@ -14,7 +16,11 @@ fresh create through ``kandev_es.client`` (it retries 503s) succeeds right
 after each; every Created ever acknowledged is still there, held by the same
 task; one task per external ID; the feed holds exactly one ``task.created``
 per task; ``audit verify`` is clean; /readyz reported a synchronous standby
-before and ``db init`` says so.
+before and ``db init`` says so. Before anything catches the read models up
+explicitly, every node's feed shows every acknowledged task within 30 s of
+the load's end (the projection leader's lock moved and its LISTEN reconnected
+across the failovers); and the git repository holds exactly one branch and
+one worktree per task that asked for it, none for an aborted creation.
 
 PostgreSQL only; skipped when the formation cannot start (no pg_autoctl and
 not root to install it). The short form runs in the suite (about 2 minutes);
@@ -47,7 +53,8 @@ from tests.chaos.test_faults_under_load import (
     record,
     report,
 )
-from tests.support.load import TYPED_503, CreateLoad, summary
+from tests.integration.helpers import branches, make_git_repository, worktrees
+from tests.support.load import TYPED_503, CreateLoad, call, summary
 from tests.support.served import ROOT, ServedProcess, http, run_cli
 
 pytest.importorskip("psycopg")
@@ -59,6 +66,8 @@ WORKERS = 2
 CLIENT_TIMEOUT_S = 20.0
 # Creates succeed again within this long after each failover (the issue's bound).
 BACK_WITHIN_S = 30.0
+# The feeds show every acknowledged task this long after the load, by themselves.
+PROJECTED_WITHIN_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -124,6 +133,36 @@ def seconds_without_created(loads: list[CreateLoad], start: float, end: float) -
     return max(b - a for a, b in itertools.pairwise(marks))
 
 
+def feeds_catch_up_by_themselves(reads: list[tuple[str, CreateLoad]], token: str) -> float:
+    """Seconds until each workspace's feed, read over HTTP through ``base``,
+    holds a ``task.created`` for every Created its load got acknowledged, with
+    nothing catching the read models up but the nodes' own projection loops."""
+    started = time.monotonic()
+    cursors = {load.workspaces[0]: 0 for _, load in reads}
+    seen: dict[str, set[str]] = {workspace: set() for workspace in cursors}
+    while True:
+        missing = 0
+        for base, load in reads:
+            workspace = load.workspaces[0]
+            more = True
+            while more:
+                url = (f"{base}/api/v1/workspaces/{workspace}/events"
+                       f"?after={cursors[workspace]}&limit=1000")
+                status, page, _, failure = call("GET", url, token, timeout=CLIENT_TIMEOUT_S)
+                assert status == 200, (status, page, failure)
+                seen[workspace].update(str(item["data"]["id"]) for item in page["items"]
+                                       if item["type"] == "task.created")
+                cursors[workspace], more = page["next_cursor"], page["has_more"]
+            missing += len(set(load.acknowledged().values()) - seen[workspace])
+        waited = time.monotonic() - started
+        if not missing:
+            return waited
+        assert waited < PROJECTED_WITHIN_S, (
+            f"{missing} acknowledged tasks still not in the feeds {waited:.0f}s after the load:"
+            " no node's projection loop leads again after the failovers")
+        time.sleep(0.5)
+
+
 def feed_task_created(settings: Settings) -> dict[str, int]:
     services = inspect(settings)
     try:
@@ -153,8 +192,12 @@ def test_two_api_nodes_ride_unplanned_and_planned_failovers_losing_nothing(
     started = time.monotonic()
     schema = f"chaos_{uuid.uuid4().hex[:8]}"
     database_url = f"{url}&schema={schema}"
-    settings_a = Settings(data_dir=tmp_path / "a", database_url=database_url)
-    settings_b = Settings(data_dir=tmp_path / "b", database_url=database_url)
+    roots = (tmp_path / "repos",)
+    settings_a = Settings(data_dir=tmp_path / "a", database_url=database_url,
+                          repository_roots=roots)
+    settings_b = Settings(data_dir=tmp_path / "b", database_url=database_url,
+                          repository_roots=roots)
+    repository = make_git_repository(roots[0] / "backend")
 
     init = run_cli(settings_a, "db", "init")
     assert init.returncode == 0, init.stderr
@@ -183,10 +226,20 @@ def test_two_api_nodes_ride_unplanned_and_planned_failovers_losing_nothing(
         probe = http("POST", node_a.base + "/api/v1/workspaces", token,
                      {"name": "probe", "task_prefix": "PRB"})
         assert probe.status == 201, probe
+        # Creates with a real effect (a branch and a worktree in a registered
+        # repository) in a workspace of their own, one client: two concurrent
+        # git commands on one repository may meet each other's lock files.
+        effects = _workspace(node_b.base, token, "effects")
+        registered = http("POST", f"{node_b.base}/api/v1/workspaces/{effects}/repositories",
+                          token, {"name": "backend", "path": str(repository)})
+        assert registered.status == 201, registered
         for node, workspace in ((node_a, node_a.workspace_id), (node_b, made.body["id"])):
             loads.append(CreateLoad(node.base, token, [workspace],
                                     prefix=f"F{uuid.uuid4().hex[:6]}",
                                     clients=profile.clients, timeout=CLIENT_TIMEOUT_S).start())
+        loads.append(CreateLoad(node_b.base, token, [effects], prefix=f"E{uuid.uuid4().hex[:6]}",
+                                clients=1, timeout=CLIENT_TIMEOUT_S,
+                                fields={"repositories": ["backend"]}).start())
         time.sleep(profile.warmup_s)
         assert all(load.acknowledged() for load in loads), [summary(x.snapshot()) for x in loads]
 
@@ -218,7 +271,20 @@ def test_two_api_nodes_ride_unplanned_and_planned_failovers_losing_nothing(
             gap = seconds_without_created(loads, start, end)
             failed_over["load_without_created_s"] = round(gap, 1)
             assert gap < BACK_WITHIN_S, figures["failovers"]
+        # Created after the last failover: the feeds below can only hold them
+        # if a projection loop leads on the database as it is now.
+        last = windows[-1][1]
+        figures["acknowledged_after_the_last_failover"] = sum(
+            1 for load in loads for a in load.snapshot() if a.acknowledged_created
+            and a.ended > last)
+        assert figures["acknowledged_after_the_last_failover"], figures
+        # Each workspace's feed read through the node that did not create it.
+        figures["feeds_caught_up_by_themselves_s"] = round(feeds_catch_up_by_themselves(
+            [(node_b.base, loads[0]), (node_a.base, loads[1]), (node_a.base, loads[2])],
+            token), 1)
         check_the_end_state(loads, settings_a, figures, tmp_path)
+        figures["effects"] = assert_one_branch_and_worktree_per_task(
+            node_a.base, token, effects, repository, (settings_a, settings_b))
     finally:
         for load in loads:
             load.stop()
@@ -258,7 +324,7 @@ def check_the_end_state(
         for index, load in enumerate(loads):
             mine = load.snapshot()
             outcome = assert_nothing_lost_or_doubled(load, services, mine)
-            figures[f"node_{'ab'[index]}"] = outcome
+            figures[("node_a", "node_b", "effects_via_b")[index]] = outcome
             holders.update({a.external_id: a.task_id for a in mine
                             if a.acknowledged_created and a.task_id})
     finally:
@@ -270,6 +336,34 @@ def check_the_end_state(
     assert not missing, f"acknowledged Created without a task.created: {missing[:5]}"
     verify = run_cli(settings, "audit", "verify")
     assert verify.returncode == 0, verify.stdout + verify.stderr
+
+
+def assert_one_branch_and_worktree_per_task(
+    base: str, token: str, workspace: str, repository: Path, nodes: tuple[Settings, ...]
+) -> dict[str, int]:
+    """The repository holds ``main`` plus exactly one ``kandev/<identifier>``
+    branch and one worktree (``<a node's data dir>/worktrees/<task id>/backend``)
+    per task of the workspace: no effect performed twice, none left behind by
+    an aborted creation."""
+    tasks: list[dict[str, Any]] = []
+    after: int | None = 0
+    while after is not None:
+        status, page, _, failure = call(
+            "GET", f"{base}/api/v1/workspaces/{workspace}/tasks?limit=500&after={after}",
+            token, timeout=CLIENT_TIMEOUT_S)
+        assert status == 200, (status, page, failure)
+        tasks += page["items"]
+        after = page["next_cursor"]
+    assert tasks, "no task with a repository"
+    assert branches(repository) == sorted(
+        ["main", *(f"kandev/{task['identifier']}" for task in tasks)])
+    trees = [Path(tree) for tree in worktrees(repository)]
+    homes = [Path(node.data_dir).resolve() / "worktrees" for node in nodes]
+    assert all(tree.name == "backend" and tree.parent.parent in homes for tree in trees), trees
+    assert sorted(tree.parent.name for tree in trees) == sorted(task["id"] for task in tasks)
+    return {"tasks": len(tasks),
+            **{f"worktrees_by_node_{'ab'[i]}": sum(t.parent.parent == home for t in trees)
+               for i, home in enumerate(homes)}}
 
 
 def _workspace(base: str, token: str, name: str, wip_limit: int | None = None) -> str:

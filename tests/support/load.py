@@ -15,7 +15,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -88,7 +88,8 @@ class CreateLoad:
     After a failed create a client retries the same ID next with probability
     ``retry_failed``, otherwise moves on to a fresh one (the test retries the
     rest afterwards); a share ``retry_share`` of the other requests re-sends a
-    random ID the client already sent, successful or not."""
+    random ID the client already sent, successful or not. ``fields`` go into
+    every create's body (e.g. ``repositories``, for creates with real effects)."""
 
     def __init__(
         self,
@@ -102,8 +103,10 @@ class CreateLoad:
         retry_share: float = 0.2,
         retry_failed: float = 0.5,
         pause_after_failure: float = 0.05,
+        fields: Mapping[str, Any] | None = None,
     ) -> None:
         self.base, self.token, self.workspaces = base, token, list(workspaces)
+        self.fields = dict(fields or {})
         assert "-" not in prefix, "external IDs are <prefix>-<client>-<n>"
         self.prefix, self.timeout = prefix, timeout
         self.retry_share, self.retry_failed = retry_share, retry_failed
@@ -126,6 +129,7 @@ class CreateLoad:
             "workspace_id": workspace_id,
             "external_id": external_id,
             "title": f"load {external_id}",
+            **self.fields,
         }
         started = time.monotonic()
         status, answer, headers, failure = call(
