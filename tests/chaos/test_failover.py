@@ -28,6 +28,7 @@ not root to install it). The short form runs in the suite (about 2 minutes);
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -43,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kandev_es.projections.leadership import lock_key
 
 from kandev_es.client import Client, Outcome
 from kandev_es.config import Settings
@@ -163,6 +165,46 @@ def feeds_catch_up_by_themselves(reads: list[tuple[str, CreateLoad]], token: str
         time.sleep(0.5)
 
 
+def leader_after_the_failovers(url: str, settings: Settings, nodes: list[ServedProcess],
+                               since: float) -> float:
+    """Seconds (from the call) until the database's primary *as it is now*
+    shows the projection leader's advisory lock granted to a session opened
+    after the last failover (``since``) by a worker of one of ``nodes``, and
+    that same process's LISTEN session: the lock moved and LISTEN reconnected.
+    (The read models alone would not show it: each Runtime scan also catches
+    them up.)"""
+    import psycopg
+
+    assert settings.postgres is not None
+    started = time.monotonic()
+    groups = {node.process.pid for node in nodes}
+    found: list[Any] = []
+    while True:
+        with psycopg.connect(url, autocommit=True, connect_timeout=5) as primary:
+            age_limit = time.monotonic() - since
+            found = primary.execute(
+                "SELECT a.application_name, EXTRACT(EPOCH FROM now() - a.backend_start),"
+                " (SELECT count(*) FROM pg_stat_activity w WHERE w.application_name ="
+                "   replace(a.application_name, 'projection-leader', 'listener')"
+                "   AND EXTRACT(EPOCH FROM now() - w.backend_start) < %s)"
+                " FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
+                " WHERE l.locktype = 'advisory' AND l.granted"
+                " AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+                " AND l.classid = %s AND l.objid = %s AND l.objsubid = 2",
+                (age_limit, *lock_key(settings.postgres.schema)),
+            ).fetchall()
+        if len(found) == 1:
+            name, age, listeners = found[0]
+            process = int(name.rsplit("-", 1)[1])
+            with contextlib.suppress(ProcessLookupError):
+                if (float(age) < age_limit and listeners == 1
+                        and os.getpgid(process) in groups):
+                    return time.monotonic() - started
+        assert time.monotonic() - started < PROJECTED_WITHIN_S, (
+            f"no projection leader with a fresh lock and LISTEN on the primary: {found}")
+        time.sleep(0.5)
+
+
 def feed_task_created(settings: Settings) -> dict[str, int]:
     services = inspect(settings)
     try:
@@ -278,6 +320,8 @@ def test_two_api_nodes_ride_unplanned_and_planned_failovers_losing_nothing(
             1 for load in loads for a in load.snapshot() if a.acknowledged_created
             and a.ended > last)
         assert figures["acknowledged_after_the_last_failover"], figures
+        figures["projection_leader_back_s"] = round(leader_after_the_failovers(
+            url, settings_a, [node_a, node_b], windows[-1][0]), 1)
         # Each workspace's feed read through the node that did not create it.
         figures["feeds_caught_up_by_themselves_s"] = round(feeds_catch_up_by_themselves(
             [(node_b.base, loads[0]), (node_a.base, loads[1]), (node_a.base, loads[2])],
