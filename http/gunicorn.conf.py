@@ -21,7 +21,7 @@ The worker class is kandev-es's own (src/kandev_es/http_worker.py): gunicorn
 supervises, waitress serves. One event-driven I/O thread per worker reads each
 request whole (headers, and the body up to KANDEV_MAX_BODY_BYTES, chunked or
 not) before a request thread sees it, so slow or silent clients hold no thread.
-Bounds from the environment (README: Security model, Input limits and streams):
+Bounds from the environment (docs/security.md: Input limits and streams):
     KANDEV_HEADER_TIMEOUT   seconds for a request's headers        (default 10)
     KANDEV_BODY_TIMEOUT     seconds for its body, from its start    (default 30)
     KANDEV_IDLE_TIMEOUT     seconds a connection may sit idle       (default 5)
@@ -71,9 +71,9 @@ os.environ.setdefault("KANDEV_CREATE_TABLES", "n")
 
 bind = os.environ.get("KANDEV_BIND") or "127.0.0.1:8000"
 # What `kandev-es serve` sets too: worker class (http_worker.py, bound to these
-# settings), request threads plus one per capped SSE stream (README: Security
-# model), the redacting access log on stdout, timeouts, and the metrics hooks
-# on_starting and child_exit. gunicorn reads this module's names as its settings.
+# settings), request threads plus one per capped SSE stream (docs/security.md:
+# Input limits and streams), the redacting access log on stdout, timeouts, and the
+# metrics hooks on_starting and child_exit. gunicorn reads this module's names as its settings.
 # (gunicorn's keepalive does not apply: KANDEV_IDLE_TIMEOUT closes idle connections.)
 try:
     workers = _int_env("KANDEV_WORKERS", 2 * multiprocessing.cpu_count())

@@ -1,4 +1,4 @@
-"""The task.created / task.updated feeds (README: Entry points), one table for every
+"""The task.created / task.updated feeds (docs/api.md: Entry points), one table for every
 workspace, read per workspace by position.
 
 - ``task.created`` goes out on ``Task.Activated``: a task is activated only when

@@ -25,7 +25,7 @@ class Settings:
     max_body_bytes: int = 1_048_576
     # Seconds a request's headers, and its whole body, may take from its first
     # byte; seconds a connection may stay open without a request; connections
-    # one worker process holds open (README: Input limits and streams).
+    # one worker process holds open (docs/security.md: Input limits and streams).
     header_timeout: float = 10.0
     body_timeout: float = 30.0
     idle_timeout: float = 5.0
@@ -34,7 +34,7 @@ class Settings:
     # None: the CLI picks (WARNING for one-shot commands, INFO for serve).
     log_level: str | None = None
     lease_seconds: float = 30.0
-    # Bounded recovery (README "Creation steps, recovery, release"): a step
+    # Bounded recovery (docs/architecture.md "Creation steps, recovery, release"): a step
     # whose effect is made but never proven runs at most step_attempts times;
     # the Runtime takes one creation over at most recovery_attempts times, the
     # n-th takeover waiting recovery_backoff_seconds * 2**(n-2) past the lease.
@@ -72,7 +72,7 @@ class Settings:
     # Seconds an audit link (``identity history``'s link to the auditor's page) works.
     audit_link_seconds: float = 900.0
     # Agents started through run credentials and running at once: per starting
-    # run, and per workspace (README: Security model, Agent fan-out).
+    # run, and per workspace (docs/security.md: Agent fan-out).
     max_agents_per_run: int = 4
     max_run_agents_per_workspace: int = 16
 

@@ -1,6 +1,6 @@
 """The gunicorn worker class of `kandev-es serve` and http/gunicorn.conf.py:
 gunicorn supervises (master, worker restarts, hooks, the `timeout` heartbeat),
-waitress does the HTTP (README: Security model, Input limits and streams).
+waitress does the HTTP (docs/security.md: Input limits and streams).
 
 Why: gunicorn's gthread worker hands a connection to one of its threads as soon
 as a first byte arrives, so a few dozen clients dripping headers (or sending

@@ -44,7 +44,7 @@ _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 _MAYBE_UNSTORABLE = re.compile(rb"\\u(?:[dD][89a-fA-F]|0000)|[\xed\x00]")
 MAX_FIELD_PATH = 200
 # Top-level fields whose own validator already refuses NUL and lone surrogates,
-# with a more specific documented error (README: External ID rules).
+# with a more specific documented error (docs/api.md: External ID rules).
 SELF_CHECKED = frozenset({"external_id"})
 # Linux's NAME_MAX and PATH_MAX: longer fails with ENAMETOOLONG in any call.
 MAX_PATH_COMPONENT_BYTES = 255
@@ -105,7 +105,7 @@ def check_json_text(value: Any) -> None:
     recursion. The error names the first offending field, e.g. ``labels[2]``.
     A top-level ``external_id`` string is left to its own validator, which
     refuses the same characters as ``invalid_external_id`` (control_character,
-    invalid_unicode) as the README's External ID rules say."""
+    invalid_unicode) as docs/api.md's External ID rules say."""
     stack: list[tuple[Any, tuple[Any, ...]]] = [(value, ())]
     if isinstance(value, dict) and not SELF_CHECKED.isdisjoint(value):
         stack = [(child, (key,)) for key, child in value.items() if key not in SELF_CHECKED]

@@ -1,4 +1,4 @@
-"""What an operator scrapes at ``/metrics`` (README: Metrics), kept with
+"""What an operator scrapes at ``/metrics`` (docs/operations.md: Metrics), kept with
 prometheus_client: one set of instruments per process, recorded from one place
 each (the request hooks, the create protocol, the step driver, the stream slots,
 the store breaker, the Runtime, the projection loop).

@@ -66,7 +66,7 @@ def gunicorn_settings(settings: Settings, threads: int, timeout: int = 60) -> di
         "timeout": timeout,
         "graceful_timeout": 10,
         "control_socket_disable": True,
-        # Workers share their metrics through files (README: Metrics): once, in
+        # Workers share their metrics through files (docs/operations.md: Metrics): once, in
         # the master before any worker forks, a fresh directory named to them;
         # a dead worker's live gauges leave /metrics, its counters stay.
         "on_starting": lambda server: metrics.start_multiprocess(settings),

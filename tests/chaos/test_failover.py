@@ -1,5 +1,5 @@
-"""Losing the database primary under a create load (README "High
-availability"), with real parts only: a pg_auto_failover formation on
+"""Losing the database primary under a create load (docs/operations.md
+"High availability"), with real parts only: a pg_auto_failover formation on
 127.0.0.1 (``scripts/ha-cluster``: a monitor, a primary and a synchronous
 standby), two ``kandev-es serve`` nodes with their own data dirs on the
 formation's one multi-host URL, and client threads creating tasks over HTTP

@@ -1,8 +1,8 @@
-"""/metrics from a real server with 2 gunicorn workers, started both ways the
-README shows — `kandev-es serve --workers 2` and `kandev-es db init && gunicorn
--c http/gunicorn.conf.py 'kandev_es.api:create_app()'`: creates that land on
-both workers add up in every scrape, whichever worker answers it; the per-worker
-values are read from the run's metrics directory to prove that both workers
+"""/metrics from a real server with 2 gunicorn workers, started both ways
+docs/operations.md (Metrics) names — `kandev-es serve --workers 2` and
+`kandev-es db init && gunicorn -c http/gunicorn.conf.py 'kandev_es.api:create_app()'`:
+creates that land on both workers add up in every scrape, whichever worker answers it; the
+per-worker values are read from the run's metrics directory to prove that both workers
 really served. A worker killed with SIGKILL keeps its counts in the totals, and
 gunicorn's child_exit retires its open-stream gauge. Both backends."""
 

@@ -1,5 +1,5 @@
-"""Proof of ordering without a global write lock (README: Ordering without a
-global lock), on a real `kandev-es serve` over a real PostgreSQL, whose two
+"""Proof of ordering without a global write lock (docs/architecture.md:
+Ordering without a global lock), on a real `kandev-es serve` over a real PostgreSQL, whose two
 workers each run a projection runner:
 
 - a creation held open on a second connection takes lower notification ids

@@ -1,5 +1,5 @@
-"""One projection loop per database across real processes (README: "One
-projection loop per database"): a `kandev-es serve --workers 2` has
+"""One projection loop per database across real processes (docs/operations.md:
+"One projection loop per database"): a `kandev-es serve --workers 2` has
 exactly one leading worker, seen three ways — each worker's own
 `kandev_projection_leader` value in the run's metrics directory, the scrape's
 sum, and the lock itself (PostgreSQL: the advisory lock in pg_locks, held by

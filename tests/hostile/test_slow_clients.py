@@ -1,7 +1,7 @@
 """Slow and idle clients cannot take the server: a request reaches a worker
 thread only once it has fully arrived, within bounded header and body times
-(README: Security model, Input limits and streams). Over real served processes,
-`kandev-es serve` and the README's production command (gunicorn with
+(docs/security.md: Input limits and streams). Over real served processes,
+`kandev-es serve` and the production command of docs/operations.md (gunicorn with
 http/gunicorn.conf.py); the latency bounds are behaviour bounds with wide
 margins on a shared machine, not a benchmark. A chunked body is held to the
 same limits as one with a Content-Length."""

@@ -126,7 +126,7 @@ def test_surrogates_pairs_and_nul_lookalikes_stay_ordinary_text(server, store):
 
 
 def test_nul_or_surrogate_external_id_keeps_its_documented_error(server, store):
-    """README External ID rules: control characters and lone surrogates in the
+    """docs/api.md External ID rules: control characters and lone surrogates in the
     external ID are ``invalid_external_id`` with their reason."""
     before = store.app.max_notification_id()
     for bad, reason in ((NUL, "control_character"), (SURROGATE, "invalid_unicode")):

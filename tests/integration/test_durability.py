@@ -1,4 +1,4 @@
-"""Durability is visible (README "High availability"): on PostgreSQL,
+"""Durability is visible (docs/operations.md "High availability"): on PostgreSQL,
 /readyz says whether a commit waits for a synchronous standby, as the primary
 reports it. The suite's server is one node with ``synchronous_commit=off``: not
 durable, and it says why. (The formation case, a synchronous standby and

@@ -1,4 +1,4 @@
-"""/metrics without a multi-process server (README: Metrics): the process answers
+"""/metrics without a multi-process server (docs/operations.md: Metrics): the process answers
 for itself, routes are URL rules (never a raw path with an id in it), methods
 and statuses are bounded, and the breaker and stream-slot instruments move
 with their state. Counters are process-wide here, so each check is a delta

@@ -1,4 +1,4 @@
-"""One URL, one database, every connection (README "High availability"): a
+"""One URL, one database, every connection (docs/operations.md "High availability"): a
 formation's URL lists its nodes, and every connection the service opens -- the
 event store's pool, the read models' pool, the projection leader's lock,
 LISTEN, the CLI -- must reach the node the URL's libpq parameters choose.

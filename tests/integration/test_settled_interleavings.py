@@ -1,5 +1,5 @@
 """The settled read against every commit order we can make on PostgreSQL
-(README: Ordering without a global lock): saves held open, committed or rolled
+(docs/architecture.md: Ordering without a global lock): saves held open, committed or rolled
 back in random order on several real connections, some taking their
 transaction id long before they save, some drawing ids inside a savepoint they
 roll back. A projection runner polling between the steps must apply exactly

@@ -1,7 +1,7 @@
 """``kandev-es db init`` upgrades an event store made by the previous release
 (table lock, no ``transaction_id`` column) in place: every event and every
 projection position is kept, and the projections go on from where they were,
-without replaying or skipping anything (README: Ordering without a global lock)."""
+without replaying or skipping anything (docs/architecture.md: Ordering without a global lock)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Without the table lock, a guarded save is still exact on PostgreSQL: a write
 to the guarded stream that is in flight when the guarded save starts makes the
 guarded save wait (the stream's shared lock), see the write once it commits,
-and write nothing (README: Ordering without a global lock)."""
+and write nothing (docs/architecture.md: Ordering without a global lock)."""
 
 from __future__ import annotations
 

@@ -276,10 +276,10 @@ class ServedProcess(Launched):
 
 
 class ConfServed(ServedProcess):
-    """The README's production command, `kandev-es db init && gunicorn -c
-    http/gunicorn.conf.py 'kandev_es.api:create_app()'` (KANDEV_WORKERS=2 unless
-    ``extra_env`` says otherwise): tables, a workspace and an admin token made
-    with the CLI first, then gunicorn with our config."""
+    """The production command (docs/operations.md: Production on PostgreSQL),
+    `kandev-es db init && gunicorn -c http/gunicorn.conf.py 'kandev_es.api:create_app()'`
+    (KANDEV_WORKERS=2 unless ``extra_env`` says otherwise): tables, a workspace and an admin
+    token made with the CLI first, then gunicorn with our config."""
 
     def __init__(self, settings: Settings, log_dir: Path, **extra_env: str) -> None:
         self._earlier = ""

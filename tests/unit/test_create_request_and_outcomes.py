@@ -1,5 +1,5 @@
 """Request-specific validation, the four create outcomes and
-their response flags (README: Outcomes; AC-2), and the
+their response flags (docs/api.md: Outcomes; AC-2), and the
 CreationPlan's hash (AC-TASKS-EXTERNAL-ID-001.5: the handle is bound to it).
 """
 
@@ -227,7 +227,7 @@ def test_unsettled_advice_says_release_and_recreate_is_unsafe() -> None:
     advice = UNSETTLED_ADVICE.lower()
     assert "never release" in advice
     assert "create again" in advice
-    # ...and names the safe alternatives README's "The one unsafe thing" names.
+    # ...and names the safe alternatives docs/api.md's "The one unsafe thing" names.
     assert "proceed" in advice
     assert "poll" in advice
     assert "escalate" in advice

@@ -1,4 +1,4 @@
-"""Specification of external-ID validation (README: External ID rules).
+"""Specification of external-ID validation (docs/api.md: External ID rules).
 
 AC-TASKS-EXTERNAL-ID-001.1: a create carrying an external ID resolves the single
 task associated with the *normalized, byte-exact, case-sensitive* identity. The
@@ -313,7 +313,7 @@ def test_any_lone_surrogate_is_rejected(prefix: str, surrogate: str, suffix: str
 @example("\u00a0" + "a" * 255 + "\u00a0")
 @example("a" * 256)
 def test_validation_matches_the_specified_order(raw: str) -> None:
-    """An oracle written straight from README's External ID rules."""
+    """An oracle written straight from docs/api.md's External ID rules."""
     if any(char in ASCII_CONTROLS for char in raw):
         assert _reason(raw) == "control_character"
         return

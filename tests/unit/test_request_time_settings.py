@@ -1,4 +1,4 @@
-"""The HTTP worker's bounds (README: Input limits and streams) come from the
+"""The HTTP worker's bounds (docs/security.md: Input limits and streams) come from the
 environment: finite positive seconds and a positive connection count, else
 InvalidSetting (the CLI's one-line exit 2)."""
 

@@ -57,7 +57,7 @@ def test_surrogate_pairs_and_ordinary_text_pass_unchanged():
 
 
 def test_external_id_is_left_to_its_own_documented_validator():
-    # README: External ID rules — NUL is invalid_external_id (control_character).
+    # docs/api.md: External ID rules — NUL is invalid_external_id (control_character).
     assert parse_json_body(rb'{"external_id": "J\u0000", "title": "t"}')["external_id"] == "J\x00"
     with pytest.raises(InvalidText):
         parse_json_body(rb'{"external_id": "J", "title": "\u0000"}')

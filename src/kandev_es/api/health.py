@@ -101,6 +101,6 @@ class Metrics(MethodView):
         },
     )
     def get(self) -> Response:
-        """Prometheus text format, every worker's values added up (README: Metrics)."""
+        """Prometheus text format, every worker's values added up (docs/operations.md: Metrics)."""
         body = metrics.exposition(services().projections.lag)
         return Response(body, content_type=metrics.CONTENT_TYPE)

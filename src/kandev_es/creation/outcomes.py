@@ -1,4 +1,4 @@
-"""The four outcomes of a create carrying an external ID (README: Outcomes), and
+"""The four outcomes of a create carrying an external ID (docs/api.md: Outcomes), and
 the create answer: ``CreateResult.to_response`` builds it and
 ``CreateTaskResponseSchema`` is its contract (REST and MCP publish it)."""
 

@@ -1,4 +1,4 @@
-"""External ID validation, in the one order the protocol fixes (README: External ID rules).
+"""External ID validation, in the one order the protocol fixes (docs/api.md: External ID rules).
 
 1. reject ASCII control characters (U+0000-U+001F, U+007F) before trimming,
 2. trim Unicode whitespace (Python's ``str.isspace``),

@@ -1,7 +1,7 @@
 """The tools this server offers: names, descriptions and input schemas.
 
-There is deliberately no lookup/probe tool and no release tool (README: Entry
-points; "The one unsafe thing"). The input schemas are
+There is deliberately no lookup/probe tool and no release tool (docs/api.md:
+Entry points; "The one unsafe thing"). The input schemas are
 published for callers; arguments reach the create protocol unvalidated, so the
 identity lookup runs before any request-specific validation (AC-4)."""
 

@@ -1,5 +1,5 @@
 """Whether an acknowledged write survives losing the database primary, as
-the primary itself reports it (README "High availability"): a synchronous
+the primary itself reports it (docs/operations.md "High availability"): a synchronous
 standby is attached (``pg_stat_replication.sync_state`` ``sync`` or
 ``quorum``) and this service's sessions commit with ``synchronous_commit`` at
 least ``on`` (``on`` or ``remote_apply``: the commit waits for the standby's

@@ -1,5 +1,5 @@
 """The SQL our PostgreSQL recorder installs beside the library's table: the
-one-call save and the in-place upgrade of an older events table (README:
+one-call save and the in-place upgrade of an older events table (docs/architecture.md:
 Ordering without a global lock)."""
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ imported only when the database URL is PostgreSQL, psycopg being an extra):
 - **no global write lock**: a save locks only its own streams (exclusive) and
   its guard streams (shared), so saves of different streams commit in
   parallel; readers of the notification log read only what is settled
-  (``settled.py``, README "Ordering without a global lock").
+  (``settled.py``, docs/architecture.md "Ordering without a global lock").
 - **the office counter** (``next_office_number``) on the same connections, one
   statement, so a create does not need a second pool for it."""
 

@@ -1,5 +1,5 @@
 """Reading the PostgreSQL notification log without a global write lock
-(README: "Ordering without a global lock").
+(docs/architecture.md: "Ordering without a global lock").
 
 Saves commit in parallel, so notification ids can become visible out of
 order: a save that drew id 100 may commit after one that drew id 101. A
