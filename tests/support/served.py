@@ -17,7 +17,7 @@ import urllib.parse
 import urllib.request
 import uuid
 from dataclasses import dataclass, field
-from http.client import HTTPConnection
+from http.client import HTTPConnection, HTTPResponse
 from pathlib import Path
 from typing import Any
 
@@ -83,12 +83,27 @@ def http(
     return Reply(status, parsed, got)
 
 
+class _StreamConnection(HTTPConnection):
+    """A stream is sent without a length, so http.client hands the socket to
+    the response: the connection keeps that response, since dropping it would
+    close the socket and the server (which notices a client leaving at once)
+    would end the stream; closing the connection closes the stream."""
+
+    stream_response: HTTPResponse | None = None
+
+    def close(self) -> None:
+        if self.stream_response is not None:
+            self.stream_response.close()
+            self.stream_response = None
+        super().close()
+
+
 def open_event_stream(server: ServedProcess, token: str) -> tuple[HTTPConnection, int, dict]:
     """A workspace's SSE stream held open (up to two minutes) on a connection
     of its own: the connection, the status and the headers. A 200 has sent its
     first line (the stream really started); any other answer is read whole."""
     parts = urllib.parse.urlsplit(server.base)
-    connection = HTTPConnection(parts.hostname, parts.port, timeout=20)
+    connection = _StreamConnection(parts.hostname, parts.port, timeout=20)
     connection.request(
         "GET",
         f"/api/v1/workspaces/{server.workspace_id}/events/stream?max_seconds=120",
@@ -97,6 +112,7 @@ def open_event_stream(server: ServedProcess, token: str) -> tuple[HTTPConnection
     response = connection.getresponse()
     if response.status == 200:
         assert response.readline().startswith(b"retry:")
+        connection.stream_response = response
     else:
         response.read()
     return connection, response.status, dict(response.getheaders())
