@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import time
+import uuid
 
 import pytest
 from click.testing import CliRunner
 
+from kandev_es.agent.processes import stop_run
 from kandev_es.bootstrap import bootstrap
 from kandev_es.cli import main
 from kandev_es.config import data_path
+from kandev_es.domain.agent_session import session_id_for
 from tests.integration.runs import Runs
 
 
@@ -48,6 +51,17 @@ def cli(settings, monkeypatch):
         return runner.invoke(main, list(args), catch_exceptions=False)
 
     return run
+
+
+@pytest.fixture
+def agents(monkeypatch):
+    """Ids of tasks whose agents a test launched; each agent is stopped at the
+    test's end, whatever happens."""
+    monkeypatch.setenv("KANDEV_DEMO_AGENT_SECONDS", "120")
+    launched: list[str] = []
+    yield launched
+    for task_id in launched:
+        stop_run(str(session_id_for(uuid.UUID(task_id))))
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kandev_es.agent.processes import processes_for_run, stop_run
+from kandev_es.agent.processes import processes_for_run
 from kandev_es.api import create_app
 from kandev_es.bootstrap import bootstrap
 from kandev_es.domain.agent_session import session_id_for
@@ -30,16 +30,6 @@ def repo(client, workspace, operator, tmp_path):
     )
     assert answer.status_code == 201, answer.json
     return path
-
-
-@pytest.fixture
-def agents(monkeypatch):
-    """Agents launched by a test are stopped at its end, whatever happens."""
-    monkeypatch.setenv("KANDEV_DEMO_AGENT_SECONDS", "120")
-    launched: list[str] = []
-    yield launched
-    for task_id in launched:
-        stop_run(str(session_id_for(uuid.UUID(task_id))))
 
 
 def upload(client, workspace, secret, content: bytes, name: str = "spec.txt"):

@@ -9,14 +9,11 @@ from __future__ import annotations
 
 import json
 import shlex
-import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from kandev_es.agent.processes import stop_run
-from kandev_es.domain.agent_session import session_id_for
 from kandev_es.domain.identity import Identity
 from kandev_es.services.audit_links import LINK_PARAMETER
 from kandev_es.services.history import identity_history
@@ -36,15 +33,6 @@ def repo(client, workspace, operator, tmp_path):
     )
     assert answer.status_code == 201, answer.json
     return path
-
-
-@pytest.fixture
-def agents(monkeypatch):
-    monkeypatch.setenv("KANDEV_DEMO_AGENT_SECONDS", "120")
-    launched: list[str] = []
-    yield launched
-    for task_id in launched:
-        stop_run(str(session_id_for(uuid.UUID(task_id))))
 
 
 def _launch(client, secret: str, external_id: str, agents: list[str]) -> dict[str, Any]:
