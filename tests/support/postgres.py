@@ -15,9 +15,12 @@ Typical use::
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import subprocess
 import sys
 from dataclasses import dataclass
+from importlib.machinery import SourceFileLoader
 from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
 
@@ -99,6 +102,18 @@ def start_cluster(directory: Path) -> Cluster:
     directory = Path(directory).resolve()
     url = _parse_url(_run_script("start", "--dir", str(directory)))
     return Cluster(directory=directory, url=url)
+
+
+@functools.cache
+def postgres_program(name: str) -> str:
+    """The path of a PostgreSQL program (``psql``, ``pg_dump``) of the
+    installation scripts/start-postgres runs the test clusters with."""
+    loader = SourceFileLoader("start_postgres", str(START_POSTGRES))
+    spec = importlib.util.spec_from_loader("start_postgres", loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return str(module.tool(module.require_bindir(), name))
 
 
 def database_url(admin_url: str, name: str) -> str:
