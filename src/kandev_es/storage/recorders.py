@@ -261,6 +261,7 @@ class KandevPostgresRecorder(PostgresApplicationRecorder):
         table = SQL("{0}.{1}").format(schema, Identifier(self.events_table_name))
         self._table_sql = table.as_string(None)
         self._select_streams_sql: dict[int, str] = {}
+        self._drawing_sql: dict[int, str] = {}
         self._read_committed: weakref.WeakSet[Any] = weakref.WeakSet()
         self.horizon = Horizon(self._table_sql)
         # Named columns, not the library's SELECT *: a prepared SELECT * fails
@@ -380,6 +381,55 @@ class KandevPostgresRecorder(PostgresApplicationRecorder):
             )
             for originator_id, originator_version, topic, state in rows
         ]
+
+    @_retry_once_after_pool_check
+    def select_streams_drawing(
+        self, since: Since, workspace_id: uuid.UUID
+    ) -> tuple[list[StoredEvent], int | None]:
+        """``select_streams``, and in the same statement the workspace's next
+        office number when -- and only when -- the read returns no event at
+        all: every stream is where the caller's cached snapshot left it and the
+        rest (the identity) has none. The caller asks only when those snapshots
+        already admit a first claim (creation/service.py), so a number is drawn
+        only for a create that goes on to claim it: a create pays one round
+        trip and one commit fewer, and a number is lost only where one already
+        was (a concurrent claimer wins). A missing sequence draws nothing."""
+        params: list[Any] = [value for key, version in since for value in (key, version)]
+        params.append(f'{self._sequence_prefix}"{sequence_name(workspace_id)}"')
+        statement = self._drawing_statement(len(since))
+        with _Pooled(self.datastore.pool) as conn:
+            rows = _tuples(conn).execute(statement, params, prepare=True).fetchall()
+        number: int | None = None
+        events: list[StoredEvent] = []
+        for originator_id, originator_version, topic, state in rows:
+            if originator_id is None:
+                number = None if originator_version is None else int(originator_version)
+                continue
+            events.append(
+                StoredEvent(
+                    originator_id=originator_id,
+                    originator_version=originator_version,
+                    topic=topic,
+                    state=bytes(state),
+                )
+            )
+        return events, number
+
+    def _drawing_statement(self, count: int) -> str:
+        statement = self._drawing_sql.get(count)
+        if statement is None:
+            # The draw is a one-row SELECT whose constant qual (no row in s)
+            # is checked before its target list: nextval runs only then.
+            streams = self._streams_statement(count).rsplit(" ORDER BY ", 1)[0]
+            statement = (
+                f"WITH s AS MATERIALIZED ({streams})"
+                " SELECT originator_id, originator_version, topic, state FROM s"
+                " UNION ALL SELECT NULL, nextval(to_regclass(%b::text)), NULL, NULL"
+                " WHERE NOT EXISTS (SELECT FROM s)"
+                " ORDER BY 1, 2"
+            )
+            self._drawing_sql[count] = statement
+        return statement
 
     @_retry_once_after_pool_check
     def next_office_number(self, workspace_id: uuid.UUID) -> int:
