@@ -208,6 +208,9 @@ class Tasks(Application):  # type: ignore[type-arg]
         with self._open_lock:
             self._closed = True
             self._open_lock.wait_for(lambda: self._background_calls == 0, timeout=30)
+        notifier = getattr(self.recorder, "notifier", None)
+        if notifier is not None:
+            notifier.stop()  # its last NOTIFY, while the pool is still open
         super().close()
 
     @contextmanager

@@ -52,7 +52,8 @@ from psycopg_pool import PoolTimeout
 
 from kandev_es.storage.breaker import means_node_lost
 from kandev_es.storage.counters import sequence_name
-from kandev_es.storage.event_sql import insert_function, save_procedure, upgrade_statement
+from kandev_es.storage.event_sql import insert_function, upgrade_statement
+from kandev_es.storage.notifier import SaveNotifier
 from kandev_es.storage.pools import serve_most_recent_first
 from kandev_es.storage.settled import Horizon, Settled
 from kandev_es.storage.streams import Since, StreamsAdvanced, Versions
@@ -271,24 +272,23 @@ class KandevPostgresRecorder(PostgresApplicationRecorder):
             " WHERE originator_id = %s"
         ).format(table)
         self.sql_create_statements.append(upgrade_statement(table, self._table_sql))
-        # One statement per save instead of the library's pipelined BEGIN, SET,
-        # LOCK, NOTIFY, INSERT, COMMIT: a procedure that takes the streams'
-        # locks (sorted, so two saves never deadlock), checks the guard and
-        # inserts (the function), commits, then sends the NOTIFY in its own
-        # transaction (event_sql.py). No table lock: readers cope with ids
-        # committing out of order (settled.py). Plain arrays, not the
-        # composite type, sent in binary (%b): the text form of a bytea array
-        # cost more to escape and parse than the insert itself.
+        # One statement, one transaction per save instead of the library's
+        # pipelined BEGIN, SET, LOCK, NOTIFY, INSERT, COMMIT: a function that
+        # takes the streams' locks (sorted, so two saves never deadlock),
+        # checks the guard and inserts (event_sql.py), run on an autocommit
+        # session. No table lock: readers cope with ids committing out of
+        # order (settled.py). The NOTIFY that wakes projection runners goes
+        # out after the commit, coalesced per process (notifier.py). Plain
+        # arrays, not the composite type, sent in binary (%b): the text form of
+        # a bytea array cost more to escape and parse than the insert itself.
         function = SQL("{0}.kandev_insert_events").format(schema)
-        procedure = SQL("{0}.kandev_save_events").format(schema)
         self.sql_create_statements.append(insert_function(function, table))
-        self.sql_create_statements.append(
-            save_procedure(procedure, function, self.channel_name)
-        )
         self._insert_sql = SQL(
-            "CALL {0}(%b::uuid[], %b::bigint[], %b::text[], %b::bytea[],"
+            "SELECT {0}(%b::uuid[], %b::bigint[], %b::text[], %b::bytea[],"
             " %b::uuid[], %b::bigint[])"
-        ).format(procedure).as_string(None)
+        ).format(function).as_string(None)
+        self._notify_sql = SQL("NOTIFY {0}").format(Identifier(self.channel_name)).as_string(None)
+        self.notifier = SaveNotifier(self._notify)
         quoted_schema = '"' + self.datastore.schema.replace('"', '""') + '"'
         self._sequence_prefix = quoted_schema + "."
 
@@ -314,11 +314,15 @@ class KandevPostgresRecorder(PostgresApplicationRecorder):
                 pack_uuids(list(unchanged)),
                 pack_int8s(list(unchanged.values())),
             )
-            row = _tuples(conn).execute(self._insert_sql, params, prepare=True).fetchone()
-        ids: list[int] = row[0] if row is not None else []
-        if not ids:
+            rows = _tuples(conn).execute(self._insert_sql, params, prepare=True).fetchall()
+        if not rows:
             raise StreamsAdvanced("a stream this save depends on has moved on")
-        return ids
+        self.notifier.saved()
+        return [row[0] for row in rows]
+
+    def _notify(self) -> None:
+        with _Pooled(self.datastore.pool) as conn:
+            conn.execute(self._notify_sql)
 
     @_retry_once_after_pool_check
     def checkpoint(self) -> int:
