@@ -208,6 +208,9 @@ class Tasks(Application):  # type: ignore[type-arg]
         with self._open_lock:
             self._closed = True
             self._open_lock.wait_for(lambda: self._background_calls == 0, timeout=30)
+        notifier = getattr(self.recorder, "notifier", None)
+        if notifier is not None:
+            notifier.stop()  # its last NOTIFY, while the pool is still open
         super().close()
 
     @contextmanager
@@ -262,6 +265,21 @@ class Tasks(Application):  # type: ignore[type-arg]
         version 0 for one not cached). Every id is a key of the answer; an
         aggregate with no events maps to None. Each answer is this thread's
         own object (``ReadCache.handout``), never one another thread holds."""
+        return self._read_many(ids, None)[0]
+
+    def read_and_draw(
+        self, ids: Iterable[uuid.UUID], workspace_id: uuid.UUID
+    ) -> tuple[dict[uuid.UUID, Aggregate | None], int | None]:
+        """``read_many``, drawing the workspace's next office number in the
+        same query when nothing was read (each id is where this process's
+        snapshot left it, or has no events): a create whose snapshots already
+        admit its claim draws its number with its lookup. None: nothing was
+        drawn (something moved, or the store draws numbers only on their own)."""
+        return self._read_many(ids, workspace_id)
+
+    def _read_many(
+        self, ids: Iterable[uuid.UUID], draw_for: uuid.UUID | None
+    ) -> tuple[dict[uuid.UUID, Aggregate | None], int | None]:
         wanted = ids if isinstance(ids, list) else list(ids)
         if len(wanted) > 1 and len(set(wanted)) < len(wanted):
             wanted = list(dict.fromkeys(wanted))
@@ -271,8 +289,13 @@ class Tasks(Application):  # type: ignore[type-arg]
             (key, snapshot.version if snapshot is not None else 0)
             for key, snapshot in zip(wanted, snapshots, strict=True)
         ]
+        number: int | None = None
+        recorder = cast(Any, self.recorder)
         with self._store_call():
-            stored = cast(Any, self.recorder).select_streams(since)
+            if draw_for is not None and hasattr(recorder, "select_streams_drawing"):
+                stored, number = recorder.select_streams_drawing(since, draw_for)
+            else:
+                stored = recorder.select_streams(since)
         newer: dict[uuid.UUID, list[StoredEvent]] = {}
         for event in stored:
             newer.setdefault(cast(uuid.UUID, event.originator_id), []).append(event)
@@ -288,7 +311,7 @@ class Tasks(Application):  # type: ignore[type-arg]
             if aggregate is not None and cache.put(key, aggregate):
                 aggregate = cache.handout(key, aggregate)
             answer[key] = aggregate  # else never shared: this thread's alone
-        return answer
+        return answer, number
 
     def next_office_number(self, workspace_id: uuid.UUID) -> int:
         """The workspace's next office task number (``KAN-<n>``); never reused."""

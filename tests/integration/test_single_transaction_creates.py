@@ -48,32 +48,49 @@ def test_an_effect_free_create_commits_claim_and_completion_together(services, m
     assert services.app.max_notification_id() - before >= 6
 
 
-def test_a_deletion_between_lookup_and_claim_leaves_no_task(services, member, monkeypatch):
-    # The lookup's workspace read is an effect-free plan's admission; the
-    # office number is drawn after it, so a deletion landing there is exactly
-    # the one the claim transaction's guard must see.
+@pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
+def test_a_deletion_between_lookup_and_claim_leaves_no_task(services, member, monkeypatch, warm):
+    # The lookup's workspace read is an effect-free plan's admission. The
+    # office number is drawn right after it (cold) or, where the store can,
+    # in the same query (warm snapshots: test_office_number_draw.py), so a
+    # deletion landing after the draw is exactly the one the claim
+    # transaction's guard must see.
     principal, _ = member
     service = services.creation
-    draw = services.app.next_office_number
+    app = services.app
+    if warm:
+        service.create(principal, {"external_id": "WARM-1", "title": "t"})
+    deleted: list[uuid.UUID] = []
+
+    def delete_once(workspace_id: uuid.UUID) -> None:
+        if not deleted:
+            deleted.append(workspace_id)
+            services.workspace_deletion.delete(workspace_id, actor="cli")
+
+    draw, read_and_draw = app.next_office_number, app.read_and_draw
 
     def draw_then_workspace_deleted(workspace_id):
         number = draw(workspace_id)
-        if not hasattr(draw_then_workspace_deleted, "done"):
-            draw_then_workspace_deleted.done = True  # type: ignore[attr-defined]
-            services.workspace_deletion.delete(workspace_id, actor="cli")
+        delete_once(workspace_id)
         return number
 
-    monkeypatch.setattr(services.app, "next_office_number", draw_then_workspace_deleted)
-    before = services.app.max_notification_id()
-    deleted_at = None
+    def read_draw_then_workspace_deleted(ids, workspace_id):
+        reads, number = read_and_draw(ids, workspace_id)
+        if number is not None:
+            delete_once(workspace_id)
+        return reads, number
+
+    monkeypatch.setattr(app, "next_office_number", draw_then_workspace_deleted)
+    monkeypatch.setattr(app, "read_and_draw", read_draw_then_workspace_deleted)
+    before = app.max_notification_id()
     with pytest.raises(TaskNotCreated):
         service.create(principal, {"external_id": "RACE-1", "title": "t"})
-    deleted_at = services.app.max_notification_id()
-    assert deleted_at > before  # the deletion's own events, nothing of the create
-    assert services.app.load(identity_id(principal.workspace_id, "RACE-1"), Identity) is None
+    assert deleted == [principal.workspace_id]
+    assert app.max_notification_id() > before  # the deletion's own events, nothing of the create
+    assert app.load(identity_id(principal.workspace_id, "RACE-1"), Identity) is None
     services.projections.catch_up()
     items, _ = services.tasks.list(principal.workspace_id)
-    assert items == []
+    assert [item for item in items if item["external_id"] == "RACE-1"] == []
 
 
 def test_read_many_catches_up_several_streams_without_touching_held_snapshots(

@@ -31,6 +31,7 @@ from kandev_es.domain.identity import ABORTED, OUTCOME_CREATED_IDENTITY_LOST, Id
 from kandev_es.domain.plan import CreationPlan
 from kandev_es.domain.principal import Principal, Unconfirmed
 from kandev_es.domain.task import Task
+from kandev_es.domain.token import ApiToken
 from kandev_es.domain.wip import WipLedger, wip_ledger_id
 from kandev_es.domain.workspace import Workspace
 from kandev_es.errors import (
@@ -118,8 +119,19 @@ class CreationService:
         key = identity_id(workspace_id, external_id) if external_id is not None else None
         # One query for the workspace, the identity, (a guess from the last
         # read) its holder's task and the caller's token: a retry's whole
-        # Found is one round trip.
-        reads = self._app.read_many([*self._holders.read_ids(workspace_id, key), *token])
+        # Found is one round trip. A first create that this process's
+        # snapshots already admit draws its office number in that query too.
+        ids = [*self._holders.read_ids(workspace_id, key), *token]
+        admitted = (
+            self._admitted_by_snapshots(principal, unconfirmed, workspace_id, key, body, placed)
+            if key is not None
+            else None
+        )
+        number: int | None = None
+        if admitted is not None:
+            reads, number = self._app.read_and_draw(ids, workspace_id)
+        else:
+            reads = self._app.read_many(ids)
         confirmed = self._confirmed(unconfirmed, reads)
         if confirmed is not None and confirmed != principal:
             return self._create(confirmed, body, placed)  # the token changed: start over
@@ -134,11 +146,15 @@ class CreationService:
             if found is not None:
                 return found
             failpoints.hit(self._settings, "lookup:after")  # missed; nothing written yet
-        fields = load_create_request(body)  # step 4: only after the lookup missed
-        # The roots are resolved on the filesystem: only when a path is checked.
-        roots = self._settings.allowed_repository_roots if fields["repositories"] else ()
-        validate_against_workspace(self._app, workspace, fields, roots, placed)
-        number = self._app.next_office_number(workspace.id)  # step 5
+        if number is not None and admitted is not None:
+            # Drawn: nothing moved since the snapshots that validated the body.
+            fields = admitted
+        else:
+            fields = load_create_request(body)  # step 4: only after the lookup missed
+            # The roots are resolved on the filesystem: only when a path is checked.
+            roots = self._settings.allowed_repository_roots if fields["repositories"] else ()
+            validate_against_workspace(self._app, workspace, fields, roots, placed)
+            number = self._app.next_office_number(workspace.id)  # step 5
         plan = CreationPlan(
             workspace_id=workspace.id,
             external_id=external_id,
@@ -150,6 +166,40 @@ class CreationService:
             **fields,
         )
         return self._claim_and_settle(principal, plan, new_secret(), identity, workspace)
+
+    def _admitted_by_snapshots(
+        self,
+        principal: Principal | None,
+        unconfirmed: Unconfirmed | None,
+        workspace_id: uuid.UUID,
+        key: uuid.UUID,
+        body: Mapping[str, Any],
+        placed: Placement | None,
+    ) -> dict[str, Any] | None:
+        """The validated fields of an effect-free create, if this process's
+        snapshots say it will claim: the identity never seen, the workspace
+        live and accepting the body, the token still the caller's. The lookup
+        then draws the office number only if none of them moved (so the number
+        is claimed unless a concurrent create claims first, as without the
+        draw). None: draw nothing, the create goes step by step."""
+        if self._app.snapshot(key, Identity) is not None or not self._attestation.current.ok:
+            return None
+        workspace = self._app.snapshot(workspace_id, Workspace)
+        if workspace is None or workspace.deleted:
+            return None
+        if unconfirmed is not None:
+            token = self._app.snapshot(unconfirmed.token_id, ApiToken)
+            if token is None or unconfirmed.confirm(token) != principal:
+                return None
+        try:
+            fields = load_create_request(body)
+            if fields["repositories"] or fields["attachments"] or fields["parent_id"]:
+                return None  # reads beyond the snapshots, or effects
+            validate_against_workspace(self._app, workspace, fields, (), placed)
+        except KandevError:
+            return None
+        # Effects (a WIP limit, an agent): admission may still refuse after a draw.
+        return None if plan_step_names(fields) else fields
 
     def lookup(self, workspace_id: uuid.UUID, external_id: str) -> CreateResult | None:
         """Side-effect-free: what holds this identity right now, if anything."""

@@ -1,10 +1,10 @@
 """The SQL our PostgreSQL recorder installs beside the library's table: the
-one-call save and the in-place upgrade of an older events table (docs/architecture.md:
+one-statement save and the in-place upgrade of an older events table (docs/architecture.md:
 Ordering without a global lock)."""
 
 from __future__ import annotations
 
-from psycopg.sql import SQL, Composable, Composed, Identifier, Literal
+from psycopg.sql import SQL, Composable, Composed, Literal
 
 
 def upgrade_statement(table: Composable, table_sql: str) -> Composed:
@@ -78,26 +78,3 @@ def insert_function(function: Composable, table: Composable) -> Composed:
         "   RETURNING notification_id;"
         " END $BODY$"
     ).format(function=function, table=table)
-
-
-def save_procedure(procedure: Composable, function: Composable, channel: str) -> Composed:
-    """``kandev_save_events``: one save in one statement. The insert function
-    above, COMMIT, then (when it inserted anything) the ``NOTIFY`` that wakes
-    projection runners, in a transaction of its own after the save's commit:
-    a NOTIFY inside the save's transaction would hold PostgreSQL's one
-    notification-queue lock through its commit and serialise every save again.
-    Returns the new notification ids (none: a guard refused the save). Its
-    COMMIT needs a CALL outside any transaction block (the store's autocommit
-    sessions); inside one PostgreSQL refuses it."""
-    return SQL(
-        "CREATE OR REPLACE PROCEDURE {procedure}("
-        "ids uuid[], versions bigint[], topics text[], states bytea[],"
-        " guard_ids uuid[], guard_versions bigint[], INOUT notification_ids bigint[] DEFAULT NULL)"
-        " LANGUAGE plpgsql AS $BODY$"
-        " BEGIN"
-        "  notification_ids := ARRAY(SELECT {function}("
-        "   ids, versions, topics, states, guard_ids, guard_versions));"
-        "  COMMIT;"
-        "  IF cardinality(notification_ids) > 0 THEN NOTIFY {channel}; END IF;"
-        " END $BODY$"
-    ).format(procedure=procedure, function=function, channel=Identifier(channel))

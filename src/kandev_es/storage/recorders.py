@@ -52,7 +52,8 @@ from psycopg_pool import PoolTimeout
 
 from kandev_es.storage.breaker import means_node_lost
 from kandev_es.storage.counters import sequence_name
-from kandev_es.storage.event_sql import insert_function, save_procedure, upgrade_statement
+from kandev_es.storage.event_sql import insert_function, upgrade_statement
+from kandev_es.storage.notifier import SaveNotifier
 from kandev_es.storage.pools import serve_most_recent_first
 from kandev_es.storage.settled import Horizon, Settled
 from kandev_es.storage.streams import Since, StreamsAdvanced, Versions
@@ -261,6 +262,7 @@ class KandevPostgresRecorder(PostgresApplicationRecorder):
         table = SQL("{0}.{1}").format(schema, Identifier(self.events_table_name))
         self._table_sql = table.as_string(None)
         self._select_streams_sql: dict[int, str] = {}
+        self._drawing_sql: dict[int, str] = {}
         self._read_committed: weakref.WeakSet[Any] = weakref.WeakSet()
         self.horizon = Horizon(self._table_sql)
         # Named columns, not the library's SELECT *: a prepared SELECT * fails
@@ -270,24 +272,23 @@ class KandevPostgresRecorder(PostgresApplicationRecorder):
             " WHERE originator_id = %s"
         ).format(table)
         self.sql_create_statements.append(upgrade_statement(table, self._table_sql))
-        # One statement per save instead of the library's pipelined BEGIN, SET,
-        # LOCK, NOTIFY, INSERT, COMMIT: a procedure that takes the streams'
-        # locks (sorted, so two saves never deadlock), checks the guard and
-        # inserts (the function), commits, then sends the NOTIFY in its own
-        # transaction (event_sql.py). No table lock: readers cope with ids
-        # committing out of order (settled.py). Plain arrays, not the
-        # composite type, sent in binary (%b): the text form of a bytea array
-        # cost more to escape and parse than the insert itself.
+        # One statement, one transaction per save instead of the library's
+        # pipelined BEGIN, SET, LOCK, NOTIFY, INSERT, COMMIT: a function that
+        # takes the streams' locks (sorted, so two saves never deadlock),
+        # checks the guard and inserts (event_sql.py), run on an autocommit
+        # session. No table lock: readers cope with ids committing out of
+        # order (settled.py). The NOTIFY that wakes projection runners goes
+        # out after the commit, coalesced per process (notifier.py). Plain
+        # arrays, not the composite type, sent in binary (%b): the text form of
+        # a bytea array cost more to escape and parse than the insert itself.
         function = SQL("{0}.kandev_insert_events").format(schema)
-        procedure = SQL("{0}.kandev_save_events").format(schema)
         self.sql_create_statements.append(insert_function(function, table))
-        self.sql_create_statements.append(
-            save_procedure(procedure, function, self.channel_name)
-        )
         self._insert_sql = SQL(
-            "CALL {0}(%b::uuid[], %b::bigint[], %b::text[], %b::bytea[],"
+            "SELECT {0}(%b::uuid[], %b::bigint[], %b::text[], %b::bytea[],"
             " %b::uuid[], %b::bigint[])"
-        ).format(procedure).as_string(None)
+        ).format(function).as_string(None)
+        self._notify_sql = SQL("NOTIFY {0}").format(Identifier(self.channel_name)).as_string(None)
+        self.notifier = SaveNotifier(self._notify)
         quoted_schema = '"' + self.datastore.schema.replace('"', '""') + '"'
         self._sequence_prefix = quoted_schema + "."
 
@@ -313,11 +314,15 @@ class KandevPostgresRecorder(PostgresApplicationRecorder):
                 pack_uuids(list(unchanged)),
                 pack_int8s(list(unchanged.values())),
             )
-            row = _tuples(conn).execute(self._insert_sql, params, prepare=True).fetchone()
-        ids: list[int] = row[0] if row is not None else []
-        if not ids:
+            rows = _tuples(conn).execute(self._insert_sql, params, prepare=True).fetchall()
+        if not rows:
             raise StreamsAdvanced("a stream this save depends on has moved on")
-        return ids
+        self.notifier.saved()
+        return [row[0] for row in rows]
+
+    def _notify(self) -> None:
+        with _Pooled(self.datastore.pool) as conn:
+            conn.execute(self._notify_sql)
 
     @_retry_once_after_pool_check
     def checkpoint(self) -> int:
@@ -380,6 +385,55 @@ class KandevPostgresRecorder(PostgresApplicationRecorder):
             )
             for originator_id, originator_version, topic, state in rows
         ]
+
+    @_retry_once_after_pool_check
+    def select_streams_drawing(
+        self, since: Since, workspace_id: uuid.UUID
+    ) -> tuple[list[StoredEvent], int | None]:
+        """``select_streams``, and in the same statement the workspace's next
+        office number when -- and only when -- the read returns no event at
+        all: every stream is where the caller's cached snapshot left it and the
+        rest (the identity) has none. The caller asks only when those snapshots
+        already admit a first claim (creation/service.py), so a number is drawn
+        only for a create that goes on to claim it: a create pays one round
+        trip and one commit fewer, and a number is lost only where one already
+        was (a concurrent claimer wins). A missing sequence draws nothing."""
+        params: list[Any] = [value for key, version in since for value in (key, version)]
+        params.append(f'{self._sequence_prefix}"{sequence_name(workspace_id)}"')
+        statement = self._drawing_statement(len(since))
+        with _Pooled(self.datastore.pool) as conn:
+            rows = _tuples(conn).execute(statement, params, prepare=True).fetchall()
+        number: int | None = None
+        events: list[StoredEvent] = []
+        for originator_id, originator_version, topic, state in rows:
+            if originator_id is None:
+                number = None if originator_version is None else int(originator_version)
+                continue
+            events.append(
+                StoredEvent(
+                    originator_id=originator_id,
+                    originator_version=originator_version,
+                    topic=topic,
+                    state=bytes(state),
+                )
+            )
+        return events, number
+
+    def _drawing_statement(self, count: int) -> str:
+        statement = self._drawing_sql.get(count)
+        if statement is None:
+            # The draw is a one-row SELECT whose constant qual (no row in s)
+            # is checked before its target list: nextval runs only then.
+            streams = self._streams_statement(count).rsplit(" ORDER BY ", 1)[0]
+            statement = (
+                f"WITH s AS MATERIALIZED ({streams})"
+                " SELECT originator_id, originator_version, topic, state FROM s"
+                " UNION ALL SELECT NULL, nextval(to_regclass(%b::text)), NULL, NULL"
+                " WHERE NOT EXISTS (SELECT FROM s)"
+                " ORDER BY 1, 2"
+            )
+            self._drawing_sql[count] = statement
+        return statement
 
     @_retry_once_after_pool_check
     def next_office_number(self, workspace_id: uuid.UUID) -> int:
