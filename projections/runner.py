@@ -28,6 +28,11 @@ log = logging.getLogger("kandev_es.projections")
 MAX_BACKOFF_SECONDS = 5.0
 CATCH_UP_SECONDS = 60.0
 UNSETTLED_POLL_SECONDS = 0.02
+# After a pass that read less than a full batch, the loop waits this long
+# before the next one, so a pass under load applies the events of several
+# saves at once instead of one or two: each pass costs a checkpoint and a
+# transaction per projection whatever it reads. Bounds the lag it adds.
+GATHER_SECONDS = 0.005
 # While the head has not moved since a pass that left every projection there,
 # a pass only reads the head; a full look still happens this often, so a
 # tracking row changed by hand elsewhere is noticed.
@@ -263,6 +268,8 @@ class ProjectionRunner:
                 if not behind:
                     pause = UNSETTLED_POLL_SECONDS
                 if read:
+                    if read < self._batch_size:
+                        self._stop.wait(GATHER_SECONDS)
                     continue
                 if behind and pause < poll_seconds:
                     # Events above the settled position wait for an older
