@@ -1,10 +1,12 @@
 """The task.created / task.updated feeds (docs/api.md: Entry points), one table for every
 workspace, read per workspace by position.
 
-- ``task.created`` goes out on ``Task.Activated``: a task is activated only when
-  its creation Completed, so there is exactly one per completed creation, none
-  for a Found (a Found writes no event at all) and none before Completed. Its
-  data is the DTO at that point; external_id only when still held (AC-7).
+- ``task.created`` goes out on ``Task.Activated``, or on ``Task.CreatedActive``
+  (a creation without effects, completed in the save that created the task):
+  a task is activated only when its creation Completed, so there is exactly
+  one per completed creation, none for a Found (a Found writes no event at
+  all) and none before Completed. Its data is the DTO at that point;
+  external_id only when still held (AC-7).
 - ``task.updated`` goes out for ``Updated``, ``Archived`` and
   ``ExternalIdCleared`` (release) of an active task. A release recorded while
   the creation is still preparing publishes nothing (AC-7).
@@ -65,10 +67,12 @@ class FeedsProjection(TableSet):
             before = states.get(task_id)
             was_active = before is not None and before["state"] == TASK_ACTIVE
             dto = advance(states, event)
+            if isinstance(event, Task.CreatedActive):
+                dto = states.get(task_id)
             if dto is None:
                 continue
             kind = None
-            if isinstance(event, Task.Activated):
+            if isinstance(event, Task.Activated | Task.CreatedActive):
                 kind = TASK_CREATED
             elif was_active and isinstance(event, UPDATES):
                 kind = TASK_UPDATED

@@ -107,12 +107,13 @@ def _connect(settings: Settings, autocommit: bool = True) -> psycopg.Connection[
 
 
 def _activated(settings: Settings) -> list[tuple[int, str]]:
-    """Ground truth: (notification id, task id) of every Task.Activated."""
+    """Ground truth: (notification id, task id) of every event a task.created
+    comes from (Task.Activated, or Task.CreatedActive)."""
     with _connect(settings) as conn:
         rows = conn.execute(
             "SELECT notification_id, originator_id FROM kandev_events"
-            " WHERE topic LIKE %s ORDER BY notification_id",
-            ("%Task.Activated",),
+            " WHERE topic LIKE %s OR topic LIKE %s ORDER BY notification_id",
+            ("%Task.Activated", "%Task.CreatedActive"),
         ).fetchall()
     return [(int(position), str(task_id)) for position, task_id in rows]
 
@@ -124,8 +125,9 @@ def _positions(settings: Settings) -> dict[str, int]:
 
 
 class HeldCreation:
-    """A complete creation without effects (Claimed, Completing, Completed, the
-    task's Created and Activated) saved through the store's own insert function
+    """A complete creation without effects (Claimed, Completed, the task's
+    Created and Activated: the shape a creation claimed before it completed
+    has, which projections still take) saved through the store's own insert function
     on a connection of its own, whose transaction stays open until ``commit``.
     ``take_transaction_id`` gives the transaction its id before anything else,
     as any transaction that did other work before its save has."""

@@ -18,8 +18,8 @@ from tests.integration.concurrency_worker import create_once
 from tests.integration.helpers import task_created_count
 
 CONTENDERS = 32
-# Registered, Claimed, Completing, Completed + Task.Created, Task.Activated
-EVENTS_OF_ONE_CREATION = 6
+# Registered, Claimed, Completed + Task.CreatedActive (domain/creation.claim_completed)
+EVENTS_OF_ONE_CREATION = 4
 
 
 def _events_after(services: Any, position: int) -> int:

@@ -12,7 +12,7 @@ import pytest
 from kandev_es.projections.wakeup import PollWaker, PostgresListener
 
 from tests.conftest import postgres_admin_url
-from tests.integration.helpers import create
+from tests.integration.helpers import TASK_CREATED_SOURCES, create
 
 
 def _feed_rows(services):
@@ -24,7 +24,7 @@ def _activated_positions(services):
     return [
         n.id
         for n in services.app.recorder.select_notifications(start=1, limit=1_000_000)
-        if n.topic.endswith("Task.Activated")
+        if n.topic.endswith(TASK_CREATED_SOURCES)
     ]
 
 

@@ -10,7 +10,7 @@ from kandev_es.projections.rebuild import rebuild, rebuildable
 
 from kandev_es.errors import UnknownProjection
 from tests.conftest import bearer
-from tests.integration.helpers import create
+from tests.integration.helpers import TASK_CREATED_SOURCES, create
 from tests.integration.test_feeds import release
 
 
@@ -80,7 +80,7 @@ def test_rebuild_under_live_traffic_loses_and_duplicates_nothing(
     activated = [
         n.id
         for n in services.app.recorder.select_notifications(start=1, limit=1_000_000)
-        if n.topic.endswith("Task.Activated")
+        if n.topic.endswith(TASK_CREATED_SOURCES)
     ]
     with services.database.transaction() as tx:
         positions = [row[0] for row in tx.execute("SELECT position FROM feed_events ORDER BY 1")]

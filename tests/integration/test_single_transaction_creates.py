@@ -44,8 +44,13 @@ def test_an_effect_free_create_commits_claim_and_completion_together(services, m
     assert result.outcome.value == "created"
     identity = services.app.load(identity_id(principal.workspace_id, "ONE-TX"), Identity)
     assert identity is not None and identity.holder is not None and identity.holder.settled
-    # Registered, Claimed, Completing, Completed + Task Created, Activated.
-    assert services.app.max_notification_id() - before >= 6
+    # Registered, Claimed, Completed + Task CreatedActive: four events, one save.
+    assert services.app.max_notification_id() - before >= 4
+    kinds = [
+        n.topic.rsplit(".", 1)[1]
+        for n in services.app.recorder.select_notifications(start=before + 1, limit=100)
+    ]
+    assert kinds == ["Registered", "Claimed", "Completed", "CreatedActive"]
 
 
 @pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])

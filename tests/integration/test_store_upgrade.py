@@ -16,7 +16,7 @@ from kandev_es.api import create_app
 from kandev_es.bootstrap import bootstrap
 from kandev_es.services.audit import verify_tasks
 from tests.conftest import postgres_admin_url
-from tests.integration.helpers import create
+from tests.integration.helpers import TASK_CREATED_SOURCES, create
 from tests.support.served import environment, kandev_command
 
 # kandev_insert_events as the previous release installed it (commit b736e23).
@@ -151,7 +151,7 @@ def test_db_init_upgrades_an_old_store_keeping_events_and_positions(settings) ->
         created = [row for row in after["feed"] if row[2] == "task.created"]
         assert sorted(str(row[3]) for row in created) == sorted(t["id"] for t in made)
         activated = {
-            row[0] for row in after["events"] if str(row[3]).endswith("Task.Activated")
+            row[0] for row in after["events"] if str(row[3]).endswith(TASK_CREATED_SOURCES)
         }
         assert {row[0] for row in created} == activated  # feed ids are notification ids
         head = after["events"][-1][0]

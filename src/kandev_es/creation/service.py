@@ -310,18 +310,18 @@ class CreationService:
         found = self._holders.found(identity)
         if found is not None:
             return found
-        number, task = creation.claim(
-            identity,
-            plan,
-            task_id=uuid.uuid4(),
-            owner_id=f"{self._owner_prefix}:{uuid.uuid4()}",
-            actor=principal.actor,
-            lease_expires_at=datetime.now(UTC) + self._lease,
-            handle_hash=handle_hash(secret, principal.actor, plan.plan_hash),
-        )
+        claim: dict[str, Any] = {
+            "task_id": uuid.uuid4(),
+            "owner_id": f"{self._owner_prefix}:{uuid.uuid4()}",
+            "actor": principal.actor,
+            "lease_expires_at": datetime.now(UTC) + self._lease,
+            "handle_hash": handle_hash(secret, principal.actor, plan.plan_hash),
+        }
         outcome = None
         if unchanged is not None:
-            outcome = creation.complete_without_effects(identity, task, number)
+            number, task, outcome = creation.claim_completed(identity, plan, **claim)
+        else:
+            number, task = creation.claim(identity, plan, **claim)
         try:
             self._app.save_atomically(
                 identity,

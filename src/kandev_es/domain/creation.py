@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
+from typing import Any
 
 from kandev_es.domain.errors import DomainRuleBroken
 from kandev_es.domain.identity import OUTCOME_CREATED_IDENTITY_LOST, Identity
@@ -43,7 +44,43 @@ def claim(
 ) -> tuple[int, Task]:
     """A new tenure of ``identity`` for the plan, and the preparing Task it
     creates; returns the tenure's number and the task (both unsaved)."""
-    tenure = identity.claim(
+    number = _claim_tenure(identity, plan, task_id, owner_id, actor, lease_expires_at, handle_hash)
+    return number, Task.create(task_id, **_task_fields(identity, plan, actor))
+
+
+def claim_completed(
+    identity: Identity,
+    plan: CreationPlan,
+    *,
+    task_id: uuid.UUID,
+    owner_id: str,
+    actor: str,
+    lease_expires_at: datetime,
+    handle_hash: str,
+) -> tuple[int, Task, str]:
+    """A plan without steps has nothing to prepare, prove or recover: its
+    tenure is claimed and Completed at once (no Completing between), and its
+    task is born active (``Task.CreatedActive``, no Activated after it), so
+    the claim and its completion are one save of four events, not six.
+    Returns the tenure's number, the task (both unsaved) and the outcome."""
+    if plan.steps:
+        raise DomainRuleBroken("a plan with steps completes only once they are proven")
+    number = _claim_tenure(identity, plan, task_id, owner_id, actor, lease_expires_at, handle_hash)
+    outcome = identity.complete(number)
+    task = Task.create(task_id, active=True, **_task_fields(identity, plan, actor))
+    return number, task, outcome
+
+
+def _claim_tenure(
+    identity: Identity,
+    plan: CreationPlan,
+    task_id: uuid.UUID,
+    owner_id: str,
+    actor: str,
+    lease_expires_at: datetime,
+    handle_hash: str,
+) -> int:
+    return identity.claim(
         task_id=task_id,
         owner_id=owner_id,
         actor=actor,
@@ -51,25 +88,26 @@ def claim(
         plan_hash=plan.plan_hash,
         lease_expires_at=lease_expires_at,
         handle_hash=handle_hash,
-    )
-    task = Task.create(
-        task_id,
-        workspace_id=plan.workspace_id,
-        identity_id=identity.id,
-        identifier=plan.identifier,
-        external_id=plan.external_id,
-        title=plan.title,
-        description=plan.description,
-        workflow=plan.workflow,
-        workflow_step=plan.workflow_step,
-        parent_id=plan.parent_id,
-        repositories=plan.repositories,
-        attachments=plan.attachments,
-        start_agent=plan.start_agent,
-        agent_profile=plan.agent_profile,
-        created_by=actor,
-    )
-    return tenure.number, task
+    ).number
+
+
+def _task_fields(identity: Identity, plan: CreationPlan, actor: str) -> dict[str, Any]:
+    return {
+        "workspace_id": plan.workspace_id,
+        "identity_id": identity.id,
+        "identifier": plan.identifier,
+        "external_id": plan.external_id,
+        "title": plan.title,
+        "description": plan.description,
+        "workflow": plan.workflow,
+        "workflow_step": plan.workflow_step,
+        "parent_id": plan.parent_id,
+        "repositories": plan.repositories,
+        "attachments": plan.attachments,
+        "start_agent": plan.start_agent,
+        "agent_profile": plan.agent_profile,
+        "created_by": actor,
+    }
 
 
 def complete(identity: Identity, task: Task, number: int) -> str:
@@ -82,9 +120,8 @@ def complete(identity: Identity, task: Task, number: int) -> str:
 
 
 def complete_without_effects(identity: Identity, task: Task, number: int) -> str:
-    """A plan with no steps has nothing to prepare or prove: Completing and
-    Completed at once, so the claim and its completion can share one save."""
+    """A claimed plan with no steps has nothing to prepare or prove: Completed
+    at once, without Completing (``claim_completed`` does the claim too)."""
     if identity.tenure(number).plan["steps"]:
         raise DomainRuleBroken("a plan with steps completes only once they are proven")
-    identity.begin_completing(number)
     return complete(identity, task, number)

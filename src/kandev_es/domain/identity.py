@@ -183,7 +183,9 @@ class Identity(Aggregate):
 
     def complete(self, tenure: int) -> str:
         current = self.tenure(tenure)
-        if current.phase != COMPLETING:
+        # A plan without steps has nothing to prove: it completes from preparing.
+        without_steps = current.phase == PREPARING and not current.plan.get("steps")
+        if current.phase != COMPLETING and not without_steps:
             raise DomainRuleBroken("complete needs a completing creation")
         outcome = OUTCOME_CREATED_IDENTITY_LOST if current.released else OUTCOME_CREATED
         self.trigger_event(self.Completed, tenure=tenure, outcome=outcome)

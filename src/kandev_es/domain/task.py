@@ -37,6 +37,17 @@ class Task(Aggregate):
         agent_profile: str | None
         created_by: str
 
+    class CreatedActive(Created):
+        """Created with its creation already completed: a plan without
+        effects, claimed and completed in the save that creates the task
+        (domain/creation.claim_completed). Stands for Created then Activated."""
+
+        def mutate(self, aggregate: Any) -> Any:
+            task = super().mutate(aggregate)
+            assert isinstance(task, Task)
+            task.phase = TASK_ACTIVE
+            return task
+
     def __init__(
         self,
         workspace_id: uuid.UUID,
@@ -74,8 +85,9 @@ class Task(Aggregate):
         self.deleted = False
 
     @classmethod
-    def create(cls, task_id: uuid.UUID, **fields: Any) -> Task:
-        return cls._create(cls.Created, id=task_id, **fields)
+    def create(cls, task_id: uuid.UUID, active: bool = False, **fields: Any) -> Task:
+        """A preparing task; ``active``: one whose creation already completed."""
+        return cls._create(cls.CreatedActive if active else cls.Created, id=task_id, **fields)
 
     # ----- commands ----------------------------------------------------------
     def activate(self, drop_external_id: bool) -> None:
