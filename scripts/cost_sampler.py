@@ -55,6 +55,7 @@ KANDEV = [
     ("eventsourcing.persistence", "Mapper.to_stored_event", "event encoding"),
     ("kandev_es.storage.recorders", "KandevPostgresRecorder.insert_events",
      "save statement (+NOTIFY)"),
+    ("kandev_es.storage.recorders", "KandevPostgresRecorder._notify", "NOTIFY after saves"),
     ("kandev_es.storage.recorders", "KandevPostgresRecorder.next_office_number",
      "office number"),
     ("kandev_es.projections.runner", "ProjectionRunner.run_once", "projection runner"),

@@ -267,7 +267,8 @@ def test_cost_tables_split_each_request_s_cpu_by_component_for_kandev_and_the_pe
     kandev_parts = {
         "HTTP server and the rest", "Flask + API", "auth", "reads",
         "creation and event building", "event encoding", "save statement (+NOTIFY)",
-        "office number", "projection runner", "projection tasks", "projection creations",
+        "NOTIFY after saves", "office number", "projection runner", "projection tasks",
+        "projection creations",
         "projection identities", "projection feeds", "gunicorn master", "postgres",
     }
     for table in ("cost_per_created", "cost_per_found"):
@@ -293,6 +294,8 @@ def test_cost_tables_split_each_request_s_cpu_by_component_for_kandev_and_the_pe
     for side in ("kandev", "peer"):
         assert created[side]["components_us"]["save statement (+NOTIFY)"] > 0
         assert created[side]["write_transactions_per_op"] > 0
+    # kandev-es's saves are followed by NOTIFYs, sent by a thread of their own
+    assert created["kandev"]["components_us"]["NOTIFY after saves"] > 0
     servers = scaling["servers"]
     assert servers["same"] is True
     assert servers["kandev"]["worker_class"] == servers["peer"]["worker_class"]

@@ -126,7 +126,9 @@ def test_feed_ids_derive_from_the_originating_event_and_data_matches_that_versio
     client.patch(f"/api/v1/tasks/{task['id']}", json={"title": "u"}, headers=bearer(secret))
     items = feed(client, services, workspace, secret)["items"]
     events = list(services.app.events.get(uuid.UUID(task["id"])))
-    sources = [e for e in events if isinstance(e, Task.Activated | Task.CreatedActive | Task.Updated)]
+    sources = [
+        e for e in events if isinstance(e, Task.Activated | Task.CreatedActive | Task.Updated)
+    ]
     assert [e["id"] for e in items] == [
         str(uuid.uuid5(FEED_NAMESPACE, f"{e.originator_id}:{e.originator_version}"))
         for e in sources
