@@ -18,7 +18,7 @@ from tests.integration.concurrency_worker import create_once
 from tests.integration.helpers import task_created_count
 
 CONTENDERS = 32
-# Registered, Claimed, Completed + Task.CreatedActive (domain/creation.claim_completed)
+# Registered, Claimed, Completed + Task.CreatedActive (domain/creation.claim with completed=True)
 EVENTS_OF_ONE_CREATION = 4
 
 

@@ -317,11 +317,8 @@ class CreationService:
             "lease_expires_at": datetime.now(UTC) + self._lease,
             "handle_hash": handle_hash(secret, principal.actor, plan.plan_hash),
         }
-        outcome = None
-        if unchanged is not None:
-            number, task, outcome = creation.claim_completed(identity, plan, **claim)
-        else:
-            number, task = creation.claim(identity, plan, **claim)
+        number, task = creation.claim(identity, plan, completed=unchanged is not None, **claim)
+        outcome = identity.tenure(number).outcome if unchanged is not None else None
         try:
             self._app.save_atomically(
                 identity,

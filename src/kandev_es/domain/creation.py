@@ -41,46 +41,19 @@ def claim(
     actor: str,
     lease_expires_at: datetime,
     handle_hash: str,
+    completed: bool = False,
 ) -> tuple[int, Task]:
     """A new tenure of ``identity`` for the plan, and the preparing Task it
-    creates; returns the tenure's number and the task (both unsaved)."""
-    number = _claim_tenure(identity, plan, task_id, owner_id, actor, lease_expires_at, handle_hash)
-    return number, Task.create(task_id, **_task_fields(identity, plan, actor))
+    creates; returns the tenure's number and the task (both unsaved).
 
-
-def claim_completed(
-    identity: Identity,
-    plan: CreationPlan,
-    *,
-    task_id: uuid.UUID,
-    owner_id: str,
-    actor: str,
-    lease_expires_at: datetime,
-    handle_hash: str,
-) -> tuple[int, Task, str]:
-    """A plan without steps has nothing to prepare, prove or recover: its
-    tenure is claimed and Completed at once (no Completing between), and its
-    task is born active (``Task.CreatedActive``, no Activated after it), so
-    the claim and its completion are one save of four events, not six.
-    Returns the tenure's number, the task (both unsaved) and the outcome."""
-    if plan.steps:
+    ``completed``: a plan without steps has nothing to prepare, prove or
+    recover, so its tenure is claimed and Completed at once (no Completing
+    between) and its task is born active (``Task.CreatedActive``, no Activated
+    after it): the claim and its completion are one save of four events, not
+    six. The tenure's outcome is then ``identity.tenure(number).outcome``."""
+    if completed and plan.steps:
         raise DomainRuleBroken("a plan with steps completes only once they are proven")
-    number = _claim_tenure(identity, plan, task_id, owner_id, actor, lease_expires_at, handle_hash)
-    outcome = identity.complete(number)
-    task = Task.create(task_id, active=True, **_task_fields(identity, plan, actor))
-    return number, task, outcome
-
-
-def _claim_tenure(
-    identity: Identity,
-    plan: CreationPlan,
-    task_id: uuid.UUID,
-    owner_id: str,
-    actor: str,
-    lease_expires_at: datetime,
-    handle_hash: str,
-) -> int:
-    return identity.claim(
+    number = identity.claim(
         task_id=task_id,
         owner_id=owner_id,
         actor=actor,
@@ -89,6 +62,9 @@ def _claim_tenure(
         lease_expires_at=lease_expires_at,
         handle_hash=handle_hash,
     ).number
+    if completed:
+        identity.complete(number)
+    return number, Task.create(task_id, active=completed, **_task_fields(identity, plan, actor))
 
 
 def _task_fields(identity: Identity, plan: CreationPlan, actor: str) -> dict[str, Any]:
@@ -121,7 +97,7 @@ def complete(identity: Identity, task: Task, number: int) -> str:
 
 def complete_without_effects(identity: Identity, task: Task, number: int) -> str:
     """A claimed plan with no steps has nothing to prepare or prove: Completed
-    at once, without Completing (``claim_completed`` does the claim too)."""
+    at once, without Completing (``claim(..., completed=True)`` does the claim too)."""
     if identity.tenure(number).plan["steps"]:
         raise DomainRuleBroken("a plan with steps completes only once they are proven")
     return complete(identity, task, number)

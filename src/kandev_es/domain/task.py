@@ -40,7 +40,7 @@ class Task(Aggregate):
     class CreatedActive(Created):
         """Created with its creation already completed: a plan without
         effects, claimed and completed in the save that creates the task
-        (domain/creation.claim_completed). Stands for Created then Activated."""
+        (domain/creation.claim with completed=True). Stands for Created then Activated."""
 
         def mutate(self, aggregate: Any) -> Any:
             task = super().mutate(aggregate)
