@@ -268,17 +268,25 @@ class Tasks(Application):  # type: ignore[type-arg]
         return self._read_many(ids, None)[0]
 
     def read_and_draw(
-        self, ids: Iterable[uuid.UUID], workspace_id: uuid.UUID
+        self,
+        ids: Iterable[uuid.UUID],
+        workspace_id: uuid.UUID,
+        versions: Mapping[uuid.UUID, int],
     ) -> tuple[dict[uuid.UUID, Aggregate | None], int | None]:
         """``read_many``, drawing the workspace's next office number in the
-        same query when nothing was read (each id is where this process's
-        snapshot left it, or has no events): a create whose snapshots already
-        admit its claim draws its number with its lookup. None: nothing was
-        drawn (something moved, or the store draws numbers only on their own)."""
-        return self._read_many(ids, workspace_id)
+        same query when nothing was read: a create whose snapshots already
+        admit its claim draws its number with its lookup. ``versions``: the
+        snapshot versions that admitted it (an id not named: none cached); if
+        the cache has moved from them since, nothing is drawn, so the number
+        is drawn only if the store is still exactly what admitted the create.
+        None: nothing was drawn (something moved, or the store draws numbers
+        only on their own)."""
+        return self._read_many(ids, (workspace_id, versions))
 
     def _read_many(
-        self, ids: Iterable[uuid.UUID], draw_for: uuid.UUID | None
+        self,
+        ids: Iterable[uuid.UUID],
+        draw: tuple[uuid.UUID, Mapping[uuid.UUID, int]] | None,
     ) -> tuple[dict[uuid.UUID, Aggregate | None], int | None]:
         wanted = ids if isinstance(ids, list) else list(ids)
         if len(wanted) > 1 and len(set(wanted)) < len(wanted):
@@ -291,9 +299,13 @@ class Tasks(Application):  # type: ignore[type-arg]
         ]
         number: int | None = None
         recorder = cast(Any, self.recorder)
+        if draw is not None and any(
+            version != draw[1].get(key, 0) for key, version in since
+        ):
+            draw = None  # another thread cached a newer snapshot since the admission
         with self._store_call():
-            if draw_for is not None and hasattr(recorder, "select_streams_drawing"):
-                stored, number = recorder.select_streams_drawing(since, draw_for)
+            if draw is not None and hasattr(recorder, "select_streams_drawing"):
+                stored, number = recorder.select_streams_drawing(since, draw[0])
             else:
                 stored = recorder.select_streams(since)
         newer: dict[uuid.UUID, list[StoredEvent]] = {}

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from kandev_es.domain.external_id import identity_id
+from kandev_es.domain.identity import Identity
 from tests.conftest import bearer
 
 CREATE = "/api/v1/tasks"
@@ -72,3 +74,43 @@ def test_a_warm_first_create_draws_its_number_with_its_lookup(
     assert second == first + 1
     # PostgreSQL draws in the lookup's query; SQLite's counter row is its own statement.
     assert len(separate) == (0 if backend == "postgres" else 1)
+
+
+def test_a_workspace_change_cached_after_admission_is_read_before_any_draw(
+    client, services, member, operator, workspace, backend, monkeypatch
+):
+    # Another request thread may cache a newer workspace snapshot between the
+    # admission by snapshots and the lookup: the draw is pinned to the
+    # versions that admitted the body, so the create goes step by step and
+    # honours the WIP limit set in between.
+    _, secret = member
+    _, operator_secret = operator
+    first = _number(_create(client, secret, workspace, external_id="P-1"))
+    service = services.creation
+    admit = service._admitted_by_snapshots
+    separate: list[object] = []
+    draw = services.app.next_office_number
+
+    def counted(workspace_id: Any) -> int:
+        separate.append(workspace_id)
+        return draw(workspace_id)
+
+    def admitted_then_limit_set(*args: Any) -> Any:
+        admitted = admit(*args)
+        assert admitted is not None  # the snapshots admitted an effect-free create
+        limited = client.put(
+            f"/api/v1/workspaces/{workspace.id}/policy", json={"wip_limit": 5},
+            headers=bearer(operator_secret),
+        )
+        assert limited.status_code == 200, limited.get_json()
+        services.app.read_many([workspace.id])  # the newer snapshot, cached by "another thread"
+        return admitted
+
+    monkeypatch.setattr(services.app, "next_office_number", counted)
+    monkeypatch.setattr(service, "_admitted_by_snapshots", admitted_then_limit_set)
+    second = _create(client, secret, workspace, external_id="P-2")
+    assert _number(second) == first + 1
+    assert len(separate) == 1  # drawn on its own, after the lookup read the new limit
+    identity = services.app.load(identity_id(workspace.id, "P-2"), Identity)
+    assert identity is not None and identity.tenure(1).plan["wip_limit"] == 5
+    assert identity.tenure(1).plan["steps"]  # the WIP reservation step

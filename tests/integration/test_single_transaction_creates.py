@@ -79,8 +79,8 @@ def test_a_deletion_between_lookup_and_claim_leaves_no_task(services, member, mo
         delete_once(workspace_id)
         return number
 
-    def read_draw_then_workspace_deleted(ids, workspace_id):
-        reads, number = read_and_draw(ids, workspace_id)
+    def read_draw_then_workspace_deleted(ids, workspace_id, versions):
+        reads, number = read_and_draw(ids, workspace_id, versions)
         if number is not None:
             delete_once(workspace_id)
         return reads, number

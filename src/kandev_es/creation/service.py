@@ -129,7 +129,7 @@ class CreationService:
         )
         number: int | None = None
         if admitted is not None:
-            reads, number = self._app.read_and_draw(ids, workspace_id)
+            reads, number = self._app.read_and_draw(ids, workspace_id, admitted[1])
         else:
             reads = self._app.read_many(ids)
         confirmed = self._confirmed(unconfirmed, reads)
@@ -148,7 +148,7 @@ class CreationService:
             failpoints.hit(self._settings, "lookup:after")  # missed; nothing written yet
         if number is not None and admitted is not None:
             # Drawn: nothing moved since the snapshots that validated the body.
-            fields = admitted
+            fields = admitted[0]
         else:
             fields = load_create_request(body)  # step 4: only after the lookup missed
             # The roots are resolved on the filesystem: only when a path is checked.
@@ -175,22 +175,25 @@ class CreationService:
         key: uuid.UUID,
         body: Mapping[str, Any],
         placed: Placement | None,
-    ) -> dict[str, Any] | None:
+    ) -> tuple[dict[str, Any], dict[uuid.UUID, int]] | None:
         """The validated fields of an effect-free create, if this process's
-        snapshots say it will claim: the identity never seen, the workspace
-        live and accepting the body, the token still the caller's. The lookup
-        then draws the office number only if none of them moved (so the number
-        is claimed unless a concurrent create claims first, as without the
-        draw). None: draw nothing, the create goes step by step."""
+        snapshots say it will claim (the identity never seen, the workspace
+        live and accepting the body, the token still the caller's), and the
+        versions of the snapshots that said so. The lookup then draws the
+        office number only if none of them moved (so the number is claimed
+        unless a concurrent create claims first, as without the draw). None:
+        draw nothing, the create goes step by step."""
         if self._app.snapshot(key, Identity) is not None or not self._attestation.current.ok:
             return None
         workspace = self._app.snapshot(workspace_id, Workspace)
         if workspace is None or workspace.deleted:
             return None
+        versions = {workspace_id: workspace.version}
         if unconfirmed is not None:
             token = self._app.snapshot(unconfirmed.token_id, ApiToken)
             if token is None or unconfirmed.confirm(token) != principal:
                 return None
+            versions[unconfirmed.token_id] = token.version
         try:
             fields = load_create_request(body)
             if fields["repositories"] or fields["attachments"] or fields["parent_id"]:
@@ -199,7 +202,7 @@ class CreationService:
         except KandevError:
             return None
         # Effects (a WIP limit, an agent): admission may still refuse after a draw.
-        return None if plan_step_names(fields) else fields
+        return None if plan_step_names(fields) else (fields, versions)
 
     def lookup(self, workspace_id: uuid.UUID, external_id: str) -> CreateResult | None:
         """Side-effect-free: what holds this identity right now, if anything."""
