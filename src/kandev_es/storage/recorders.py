@@ -248,6 +248,19 @@ class _Pooled:
             raise library_error(error) from error
 
 
+def _stored_events(rows: Sequence[tuple[Any, ...]]) -> list[StoredEvent]:
+    """Rows of (originator_id, originator_version, topic, state) as stored events."""
+    return [
+        StoredEvent(
+            originator_id=originator_id,
+            originator_version=originator_version,
+            topic=topic,
+            state=bytes(state),
+        )
+        for originator_id, originator_version, topic, state in rows
+    ]
+
+
 def _tuples(conn: psycopg.Connection[Any]) -> psycopg.Cursor[tuple[Any, ...]]:
     """A cursor yielding plain tuples: the pool's dict rows rebuild the column
     names for every row, a quarter of a Found's query time."""
@@ -376,15 +389,7 @@ class KandevPostgresRecorder(PostgresApplicationRecorder):
         statement = self._streams_statement(len(since))
         with _Pooled(self.datastore.pool) as conn:
             rows = _tuples(conn).execute(statement, params, prepare=True).fetchall()
-        return [
-            StoredEvent(
-                originator_id=originator_id,
-                originator_version=originator_version,
-                topic=topic,
-                state=bytes(state),
-            )
-            for originator_id, originator_version, topic, state in rows
-        ]
+        return _stored_events(rows)
 
     @_retry_once_after_pool_check
     def select_streams_drawing(
@@ -399,25 +404,16 @@ class KandevPostgresRecorder(PostgresApplicationRecorder):
         trip and one commit fewer, and a number is lost only where one already
         was (a concurrent claimer wins). A missing sequence draws nothing."""
         params: list[Any] = [value for key, version in since for value in (key, version)]
-        params.append(f'{self._sequence_prefix}"{sequence_name(workspace_id)}"')
+        params.append(self._sequence(workspace_id))
         statement = self._drawing_statement(len(since))
         with _Pooled(self.datastore.pool) as conn:
             rows = _tuples(conn).execute(statement, params, prepare=True).fetchall()
-        number: int | None = None
-        events: list[StoredEvent] = []
-        for originator_id, originator_version, topic, state in rows:
-            if originator_id is None:
-                number = None if originator_version is None else int(originator_version)
-                continue
-            events.append(
-                StoredEvent(
-                    originator_id=originator_id,
-                    originator_version=originator_version,
-                    topic=topic,
-                    state=bytes(state),
-                )
-            )
-        return events, number
+        # The draw's row sorts last (ORDER BY 1: a NULL originator_id) and only
+        # exists when no event was read; its number is NULL without a sequence.
+        if rows and rows[-1][0] is None:
+            drawn = rows.pop()[1]
+            return [], None if drawn is None else int(drawn)
+        return _stored_events(rows), None
 
     def _drawing_statement(self, count: int) -> str:
         statement = self._drawing_sql.get(count)
@@ -437,13 +433,16 @@ class KandevPostgresRecorder(PostgresApplicationRecorder):
 
     @_retry_once_after_pool_check
     def next_office_number(self, workspace_id: uuid.UUID) -> int:
-        sequence = f'{self._sequence_prefix}"{sequence_name(workspace_id)}"'
         with _Pooled(self.datastore.pool) as conn:
             row = _tuples(conn).execute(
-                "SELECT nextval(%b::regclass)", (sequence,), prepare=True
+                "SELECT nextval(%b::regclass)", (self._sequence(workspace_id),), prepare=True
             ).fetchone()
         assert row is not None
         return int(row[0])
+
+    def _sequence(self, workspace_id: uuid.UUID) -> str:
+        """The workspace's office number sequence, schema-qualified (storage/counters.py)."""
+        return f'{self._sequence_prefix}"{sequence_name(workspace_id)}"'
 
 
 POSTGRES_RECORDER_TOPIC = f"{__name__}:{KandevPostgresRecorder.__name__}"
