@@ -171,6 +171,9 @@ class Tasks(Application):  # type: ignore[type-arg]
             breaker = StoreBreaker()
         self.breaker = breaker
         self._snapshots = ReadCache()
+        # PostgreSQL's recorder can draw an office number inside a read
+        # (``read_and_draw``); SQLite's counter row is a statement of its own.
+        self.draws_with_reads = hasattr(self.recorder, "select_streams_drawing")
         # The library's save does, for us, only what ``_write`` does (see
         # there); anything that would make it do more keeps the library's save.
         self._direct_save = (
@@ -299,12 +302,13 @@ class Tasks(Application):  # type: ignore[type-arg]
         ]
         number: int | None = None
         recorder = cast(Any, self.recorder)
-        if draw is not None and any(
-            version != draw[1].get(key, 0) for key, version in since
+        if draw is not None and (
+            not self.draws_with_reads
+            or any(version != draw[1].get(key, 0) for key, version in since)
         ):
-            draw = None  # another thread cached a newer snapshot since the admission
+            draw = None  # no draws here, or a newer snapshot was cached since the admission
         with self._store_call():
-            if draw is not None and hasattr(recorder, "select_streams_drawing"):
+            if draw is not None:
                 stored, number = recorder.select_streams_drawing(since, draw[0])
             else:
                 stored = recorder.select_streams(since)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from kandev_es.domain.external_id import identity_id
 from kandev_es.domain.identity import Identity
 from tests.conftest import bearer
@@ -76,6 +78,7 @@ def test_a_warm_first_create_draws_its_number_with_its_lookup(
     assert len(separate) == (0 if backend == "postgres" else 1)
 
 
+@pytest.mark.postgres_only  # only a store that draws with its reads admits by snapshots
 def test_a_workspace_change_cached_after_admission_is_read_before_any_draw(
     client, services, member, operator, workspace, backend, monkeypatch
 ):

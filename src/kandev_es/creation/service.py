@@ -120,11 +120,13 @@ class CreationService:
         # One query for the workspace, the identity, (a guess from the last
         # read) its holder's task and the caller's token: a retry's whole
         # Found is one round trip. A first create that this process's
-        # snapshots already admit draws its office number in that query too.
+        # snapshots already admit draws its office number in that query too,
+        # where the store can (no admission by snapshots where it cannot: its
+        # checks would only be made again after the read).
         ids = [*self._holders.read_ids(workspace_id, key), *token]
         admitted = (
             self._admitted_by_snapshots(principal, unconfirmed, workspace_id, key, body, placed)
-            if key is not None
+            if key is not None and self._app.draws_with_reads
             else None
         )
         number: int | None = None
