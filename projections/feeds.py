@@ -67,8 +67,6 @@ class FeedsProjection(TableSet):
             before = states.get(task_id)
             was_active = before is not None and before["state"] == TASK_ACTIVE
             dto = advance(states, event)
-            if isinstance(event, Task.CreatedActive):
-                dto = states.get(task_id)
             if dto is None:
                 continue
             kind = None

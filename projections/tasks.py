@@ -104,11 +104,11 @@ def advance(states: dict[uuid.UUID, dict[str, Any] | None], event: Any) -> dict[
     by the rule every task read model follows: Created starts the DTO, Deleted
     and CreationAborted end it (an aborted creation never existed for callers;
     a deleted task is gone), any other event patches it, and an event of a task
-    not there changes nothing. The DTO it patched, or None."""
+    not there changes nothing. The DTO it started or patched, or None."""
     task_id = event.originator_id
     if isinstance(event, Task.Created):
-        states[task_id] = initial_dto(event)
-        return None
+        started = states[task_id] = initial_dto(event)
+        return started
     dto = states.get(task_id)
     if dto is None:
         return None

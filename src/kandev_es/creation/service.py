@@ -315,14 +315,16 @@ class CreationService:
         found = self._holders.found(identity)
         if found is not None:
             return found
-        claim: dict[str, Any] = {
-            "task_id": uuid.uuid4(),
-            "owner_id": f"{self._owner_prefix}:{uuid.uuid4()}",
-            "actor": principal.actor,
-            "lease_expires_at": datetime.now(UTC) + self._lease,
-            "handle_hash": handle_hash(secret, principal.actor, plan.plan_hash),
-        }
-        number, task = creation.claim(identity, plan, completed=unchanged is not None, **claim)
+        number, task = creation.claim(
+            identity,
+            plan,
+            task_id=uuid.uuid4(),
+            owner_id=f"{self._owner_prefix}:{uuid.uuid4()}",
+            actor=principal.actor,
+            lease_expires_at=datetime.now(UTC) + self._lease,
+            handle_hash=handle_hash(secret, principal.actor, plan.plan_hash),
+            completed=unchanged is not None,
+        )
         outcome = identity.tenure(number).outcome if unchanged is not None else None
         try:
             self._app.save_atomically(
