@@ -221,6 +221,18 @@ def feed_task_created(settings: Settings) -> dict[str, int]:
     return counts
 
 
+def two_api_nodes(
+    tmp_path: Path, settings_a: Settings, settings_b: Settings
+) -> tuple[ServedProcess, ServedProcess]:
+    """Two served API nodes on one store, each logging in its own folder."""
+    nodes = []
+    for name, settings in (("a", settings_a), ("b", settings_b)):
+        (tmp_path / f"logs-{name}").mkdir()
+        nodes.append(ServedProcess(settings, tmp_path / f"logs-{name}", workers=WORKERS,
+                                   KANDEV_LEASE_SECONDS=str(LEASE_S), KANDEV_LOG_LEVEL="WARNING"))
+    return nodes[0], nodes[1]
+
+
 @pytest.mark.parametrize("profile", [
     pytest.param(SHORT, id="short", marks=pytest.mark.timeout(600)),
     pytest.param(LONG_PROFILE, id="long", marks=[
@@ -245,12 +257,7 @@ def test_two_api_nodes_ride_unplanned_and_planned_failovers_losing_nothing(
     assert init.returncode == 0, init.stderr
     assert init.stdout.splitlines()[1].startswith("durable: 1 synchronous standby"), init.stdout
 
-    (tmp_path / "logs-a").mkdir()
-    (tmp_path / "logs-b").mkdir()
-    node_a = ServedProcess(settings_a, tmp_path / "logs-a", workers=WORKERS,
-                           KANDEV_LEASE_SECONDS=str(LEASE_S), KANDEV_LOG_LEVEL="WARNING")
-    node_b = ServedProcess(settings_b, tmp_path / "logs-b", workers=WORKERS,
-                           KANDEV_LEASE_SECONDS=str(LEASE_S), KANDEV_LOG_LEVEL="WARNING")
+    node_a, node_b = two_api_nodes(tmp_path, settings_a, settings_b)
     loads: list[CreateLoad] = []
     figures: dict[str, Any] = {"failovers": []}
     windows: list[tuple[float, float]] = []
@@ -450,12 +457,7 @@ def test_a_killed_api_node_leaves_its_creations_to_the_other_nodes_runtime(
     settings_a = Settings(data_dir=tmp_path / "a", database_url=url)
     settings_b = Settings(data_dir=tmp_path / "b", database_url=url)
     assert run_cli(settings_a, "db", "init").returncode == 0
-    (tmp_path / "logs-a").mkdir()
-    (tmp_path / "logs-b").mkdir()
-    node_a = ServedProcess(settings_a, tmp_path / "logs-a", workers=WORKERS,
-                           KANDEV_LEASE_SECONDS=str(LEASE_S), KANDEV_LOG_LEVEL="WARNING")
-    node_b = ServedProcess(settings_b, tmp_path / "logs-b", workers=WORKERS,
-                           KANDEV_LEASE_SECONDS=str(LEASE_S), KANDEV_LOG_LEVEL="WARNING")
+    node_a, node_b = two_api_nodes(tmp_path, settings_a, settings_b)
     figures: dict[str, Any] = {}
     try:
         token = node_a.token
