@@ -19,6 +19,7 @@ from kandev_es.creation.steps.registry import steps_for
 from kandev_es.domain.errors import DomainRuleBroken
 from kandev_es.domain.identity import Identity
 from kandev_es.errors import StoreUnavailable, UnknownStep
+from kandev_es.observability import serving, tracing
 from kandev_es.projections.runner import ProjectionRunner
 from kandev_es.runtime.agents import ExitedAgents
 from kandev_es.storage.database import Database
@@ -190,8 +191,21 @@ class Runtime:
         except UnknownStep:
             # Planned by a newer version: left, untouched, for a runtime that knows it.
             return None
+        # Done for the request that claimed it (unless a request of its own
+        # asked for it): its log lines carry that id, its trace links to the
+        # claiming request's trace.
+        acting_for = serving.current_request_id() or tenure.request_id
+        with serving.acting_for(acting_for), tracing.linked(
+            "recover", tenure.traceparent, **{"kandev.identity": str(identity_id)}
+        ):
+            return self._recover(identity, number, now)
+
+    def _recover(self, identity: Identity, number: int, now: datetime) -> Recovery | None:
+        identity_id = identity.id
         try:
-            epoch = identity.recover(number, self.owner_id, now + self._lease)
+            epoch = identity.recover(
+                number, self.owner_id, now + self._lease, serving.current_request_id()
+            )
             self._app.save_atomically(identity)
         except (VersionConflict, DomainRuleBroken):
             return None  # another runtime, or the owner, got there first
