@@ -135,7 +135,7 @@ def token() -> None:
 )
 @store_options
 def token_create(workspace: str | None, admin: bool, label: str, role: str) -> None:
-    """Issue a token and print it once as JSON."""
+    """Issue a token and print it once as JSON, with its id (what revoke takes)."""
     if admin == (workspace is not None):
         raise click.UsageError("give exactly one of --workspace or --admin")
     services = open_store()
@@ -145,10 +145,10 @@ def token_create(workspace: str | None, admin: bool, label: str, role: str) -> N
             target = workspace_id(services, workspace)
             if services.workspaces.get(target) is None:
                 raise click.ClickException(f"no workspace {workspace}")
-        secret, _ = services.tokens.issue(
+        secret, issued = services.tokens.issue(
             workspace_id=target, admin=admin, label=label, role=role
         )
-        _emit({"token": secret})
+        _emit({"id": str(issued.token_id), "token": secret})  # the id is what revoke takes
     finally:
         services.close()
 
