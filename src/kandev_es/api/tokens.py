@@ -81,8 +81,8 @@ class TokenCollection(MethodView):
             role=body["role"],
         )
         return {
-            "id": issued.token_id, "token": secret, "admin": issued.admin, "workspace_id": issued.workspace_id,
-            "role": issued.role,
+            "id": issued.token_id, "token": secret, "admin": issued.admin,
+            "workspace_id": issued.workspace_id, "role": issued.role,
         }
 
 
