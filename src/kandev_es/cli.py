@@ -265,6 +265,7 @@ def runtime(once: bool, poll: float, parked: bool) -> None:
                         "task_id": creation.task_id,
                         "phase": creation.phase,
                         "epoch": creation.epoch,
+                        "reason": creation.reason,
                     }
                 )
             click.echo(f"runtime: {len(left)} creations parked")
