@@ -137,7 +137,7 @@ def token() -> None:
 )
 @store_options
 def token_create(workspace: str | None, admin: bool, label: str, role: str) -> None:
-    """Issue a token and print it once as JSON."""
+    """Issue a token and print it once as JSON, with its id (what revoke takes)."""
     if admin == (workspace is not None):
         raise click.UsageError("give exactly one of --workspace or --admin")
     services = open_store()
@@ -147,10 +147,10 @@ def token_create(workspace: str | None, admin: bool, label: str, role: str) -> N
             target = workspace_id(services, workspace)
             if services.workspaces.get(target) is None:
                 raise click.ClickException(f"no workspace {workspace}")
-        secret, _ = services.tokens.issue(
+        secret, issued = services.tokens.issue(
             workspace_id=target, admin=admin, label=label, role=role
         )
-        _emit({"token": secret})
+        _emit({"id": str(issued.token_id), "token": secret})  # the id is what revoke takes
     finally:
         services.close()
 
@@ -267,6 +267,7 @@ def runtime(once: bool, poll: float, parked: bool) -> None:
                         "task_id": creation.task_id,
                         "phase": creation.phase,
                         "epoch": creation.epoch,
+                        "reason": creation.reason,
                     }
                 )
             click.echo(f"runtime: {len(left)} creations parked")
