@@ -15,6 +15,7 @@ from kandev_es import __version__
 from kandev_es.bootstrap import bootstrap, init_storage, store_exists
 from kandev_es.cli_agentctl import register as register_agentctl
 from kandev_es.cli_ops import register as register_ops
+from kandev_es.cli_tasks import register as register_tasks
 from kandev_es.cli_usage import (
     AT_LEAST_ONE,
     PORT,
@@ -22,6 +23,7 @@ from kandev_es.cli_usage import (
     OneLineUsage,
     name_store,
     open_store,
+    require_free_address,
     resolvable_host,
     store_options,
     store_settings,
@@ -100,7 +102,7 @@ def db_init() -> None:
 
 @main.group()
 def workspace() -> None:
-    """Workspaces."""
+    """Workspaces: create, list."""
 
 
 @workspace.command("create")
@@ -326,6 +328,7 @@ def serve(host: str, port: int, workers: int | None, threads: int) -> None:
     """
     from kandev_es.server import first_start, run_server
 
+    require_free_address(host, port)  # before the store and the first-start token
     settings = store_settings()
     found = init_storage(settings)  # in the parent, before any worker starts
     name_store(settings)
@@ -370,6 +373,7 @@ def mcp_server(over_http: bool, host: str, port: int) -> None:
 # projections rebuild, identity history, audit verify (operator/auditor tools)
 register_ops(main, projections)
 register_agentctl(main)  # agentctl task create (inside an agent run)
+register_tasks(main, workspace)  # workspace list, task create/get/lookup (for people)
 
 
 def _whole_summaries(group: click.Group) -> None:

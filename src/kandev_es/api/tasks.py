@@ -132,9 +132,7 @@ class TaskLookup(MethodView):
         found = services().creation.lookup(workspace, external_id)
         if found is None:
             raise TaskNotFound("task not found")
-        body = dict(found.task)
-        body["creation_complete"] = found.outcome.creation_complete
-        return body
+        return found.to_lookup_response()
 
     @blp.doc(
         summary=(
