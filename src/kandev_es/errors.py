@@ -309,6 +309,13 @@ class StoreUnavailable(Unavailable):
     code = "store_unavailable"
 
 
+class SchemaSetupFailed(Unavailable):
+    """``db init`` could not create what the store needs (no right to create in
+    the database or schema, a data dir it cannot write)."""
+
+    code = "schema_setup_failed"
+
+
 class CreationHandedOver(Unavailable):
     """A newer epoch (the recovery Runtime) took over the caller's creation."""
 
