@@ -16,6 +16,7 @@ from kandev_es.api.context import (
     json_object,
     own_task_principal,
     path_uuid,
+    path_workspace,
     principal,
     services,
 )
@@ -115,8 +116,9 @@ class TaskLookup(MethodView):
         The task that holds the identity, with `creation_complete`: poll this after a
         `found_unsettled` until it is true. 404 when nothing holds it (never
         created, or released), or the workspace is not the token's.
+        `workspace_id` is the workspace's id or its name.
         """
-        workspace = path_uuid(workspace_id, "workspace id")
+        workspace = path_workspace(workspace_id, TaskNotFound("task not found"))
         who = principal()
         if who is None or not who.may_act_on(workspace):
             raise TaskNotFound("task not found")
@@ -124,9 +126,7 @@ class TaskLookup(MethodView):
         found = services().creation.lookup(workspace, external_id)
         if found is None:
             raise TaskNotFound("task not found")
-        body = dict(found.task)
-        body["creation_complete"] = found.outcome.creation_complete
-        return body
+        return found.to_lookup_response()
 
     @blp.doc(
         parameters=[
@@ -150,8 +150,9 @@ class TaskLookup(MethodView):
         external ID; the next create with it makes a new task (a new tenure). The
         `Idempotency-Key` is the operation id: the same key again answers the stored
         result (`Idempotent-Replayed: true`); reused for another identity, 422.
+        `workspace_id` is the workspace's id or its name.
         """
-        workspace = path_uuid(workspace_id, "workspace id")
+        workspace = path_workspace(workspace_id, TaskNotFound("task not found"))
         who = require_operator(principal(), workspace, TaskNotFound("task not found"))
         result = services().release.release(
             workspace,
