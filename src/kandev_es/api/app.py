@@ -11,6 +11,7 @@ from flask_smorest import Api
 from kandev_es import __version__, metrics
 from kandev_es.api import (
     agentctl,
+    api_docs,
     audit_page,
     errors,
     events,
@@ -51,6 +52,7 @@ def create_app(
     )
     api = _register_api(app)
     _register_blueprints(api)
+    api_docs.register(app, settings.api_docs)
     # HTML, not part of the REST contract: a plain blueprint, outside the OpenAPI.
     app.register_blueprint(audit_page.blp)
     errors.register(app)
@@ -84,6 +86,7 @@ def _configure(app: Flask, settings: Settings) -> None:
                 )
             },
         },
+        **api_docs.page_config(settings.api_docs),
     )
 
 
