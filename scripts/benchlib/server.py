@@ -50,6 +50,8 @@ class Gunicorn:
         self, env: dict[str, str], workers: int, log: Path,
         app: tuple[str, ...] = ("kandev_es.api:create_app()",),
         config: Path = REPO / "http" / "gunicorn.conf.py",
+        python: str = sys.executable,
+        cwd: Path = REPO,
     ) -> None:
         self.port = free_port()
         self.workers = workers
@@ -57,9 +59,9 @@ class Gunicorn:
         self.log = log
         with log.open("wb") as out:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "gunicorn", "-c", str(config), *app],
+                [python, "-m", "gunicorn", "-c", str(config), *app],
                 env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=out,
-                start_new_session=True, cwd=REPO,
+                start_new_session=True, cwd=cwd,
             )
         self.wait_healthy()
 
