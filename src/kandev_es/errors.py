@@ -309,6 +309,13 @@ class StoreUnavailable(Unavailable):
     code = "store_unavailable"
 
 
+class ProjectionFailed(Unavailable):
+    """A read model written in the save's transaction refused it: the whole
+    save was rolled back, nothing is stored; retrying may succeed."""
+
+    code = "projection_failed"
+
+
 class CreationHandedOver(Unavailable):
     """A newer epoch (the recovery Runtime) took over the caller's creation."""
 
