@@ -3,13 +3,12 @@ the 64-client same-ID storm makes exactly one task. No timing is asserted."""
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
 import os
 import statistics
 import subprocess
 import sys
-from importlib.machinery import SourceFileLoader
 from pathlib import Path
 from types import ModuleType
 
@@ -27,14 +26,13 @@ RATE_FIELDS = (
 )
 
 
-def bench_module() -> ModuleType:
-    """scripts/bench as a module, for its helpers (nothing runs at import)."""
-    loader = SourceFileLoader("bench_script", str(BENCH))
-    spec = importlib.util.spec_from_loader("bench_script", loader)
-    assert spec is not None
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
+def benchlib(name: str) -> ModuleType:
+    """A module of scripts/benchlib, imported as scripts/bench imports it
+    (scripts/ is no package: it goes on the path)."""
+    scripts = str(BENCH.parent)
+    if scripts not in sys.path:
+        sys.path.insert(0, scripts)
+    return importlib.import_module(f"benchlib.{name}")
 
 
 def bench(*args: str) -> tuple[dict, str]:
@@ -168,8 +166,8 @@ def test_scaling_rounds_alternate_the_servers_and_report_medians_with_the_lag_un
 def test_round_order_alternates_and_median_rows_take_each_figure_s_median():
     """The helpers behind --rounds, on rows made up so that the median differs
     from the mean and from the ratio of the medians."""
-    bench_script = bench_module()
-    assert [bench_script.round_order(n) for n in (1, 2, 3, 4)] == [
+    scaling = benchlib("scaling")
+    assert [scaling.round_order(n) for n in (1, 2, 3, 4)] == [
         ("kandev", "peer"), ("peer", "kandev"), ("kandev", "peer"), ("peer", "kandev"),
     ]
 
@@ -178,7 +176,7 @@ def test_round_order_alternates_and_median_rows_take_each_figure_s_median():
         rates = {"kandev": (kandev, kandev * 2), "peer": (peer, peer * 2)}
         if first == "peer":
             rates = {"peer": rates["peer"], "kandev": rates["kandev"]}
-        return bench_script.rate_row(clients, rates)
+        return scaling.rate_row(clients, rates)
 
     rounds = [
         [row(16, 100, 400), row(64, 50, 100)],
@@ -187,7 +185,7 @@ def test_round_order_alternates_and_median_rows_take_each_figure_s_median():
     ]
     assert rounds[1][0]["order"] == ["peer", "kandev"]
     assert rounds[1][0]["kandev_created_per_s"] == 900  # the sides stay apart
-    medians = bench_script.median_rows(rounds)
+    medians = scaling.median_rows(rounds)
     assert medians == [
         {"clients": 16, "kandev_created_per_s": 200, "peer_created_per_s": 400,
          "created_ratio": 0.8, "kandev_found_per_s": 400, "peer_found_per_s": 800,
@@ -197,19 +195,19 @@ def test_round_order_alternates_and_median_rows_take_each_figure_s_median():
          "found_ratio": 0.5, "rounds": 3},
     ]
     # two rounds: the mean of the middle two
-    assert bench_script.median_rows(rounds[:2])[0]["kandev_created_per_s"] == 500
+    assert scaling.median_rows(rounds[:2])[0]["kandev_created_per_s"] == 500
 
     probes = [{"projection_lag_under_load": {
         "clients": 16, "p50_ms": p50, "p99_ms": p99, "samples": 10, "missing": 0,
         "failed_requests": {},
     }} for p50, p99 in ((2.0, 30.0), (3.0, 9.0), (1.0, 12.0))]
-    lag = bench_script.lag_under_load([*probes, {"round": 4}])
+    lag = scaling.lag_under_load([*probes, {"round": 4}])
     assert (lag["p50_ms"], lag["p99_ms"], lag["samples"], lag["rounds"]) == (2.0, 12.0, 30, 3)
-    assert bench_script.lag_under_load([{"round": 1}]) is None
+    assert scaling.lag_under_load([{"round": 1}]) is None
 
 
 def test_scaling_targets_judge_the_medians_and_say_what_was_not_measured():
-    bench_script = bench_module()
+    judge = benchlib("targets")
     section = {
         "http": [
             {"clients": 16, "created_ratio": 0.8, "found_ratio": 1.09, "rounds": 3},
@@ -220,7 +218,7 @@ def test_scaling_targets_judge_the_medians_and_say_what_was_not_measured():
         "projection_lag_under_load": {"p99_ms": 20.0, "missing": 0, "rounds": 3},
     }
     in_process = {"found_ratio": 0.49, "created_ratio": 0.33}
-    targets = bench_script.scaling_targets(section, in_process)
+    targets = judge.scaling_targets(section, in_process)
     met = {name: target["met"] for name, target in targets.items()}
     assert met == {
         "created_vs_peer_at_16": True, "found_vs_peer_at_16": False,
@@ -232,15 +230,15 @@ def test_scaling_targets_judge_the_medians_and_say_what_was_not_measured():
     assert targets["created_vs_peer_at_64"]["rounds"] == 3
     assert targets["commits_per_creation"]["measured"] == 2.0  # the 16-client row
     # the same rule as the full run's own targets
-    assert bench_script.targets(
+    assert judge.targets(
         {"in_process": in_process, "storm": {"tasks_created": 1, "met": True}}
     )["found_in_process_vs_raw_select"] == targets["found_in_process_vs_raw_select"]
     # a missing sample (no feed row within 10 s) fails the lag target
     section["projection_lag_under_load"]["missing"] = 1
-    assert not bench_script.scaling_targets(section)[
+    assert not judge.scaling_targets(section)[
         "projection_lag_p99_ms_under_16_client_created_load"]["met"]
     # nothing measured at 64 clients, no cost rows, no probe, no in-process
-    bare = bench_script.scaling_targets({"http": section["http"][:1]})
+    bare = judge.scaling_targets({"http": section["http"][:1]})
     for name in ("created_vs_peer_at_64", "commits_per_creation",
                  "projection_lag_p99_ms_under_16_client_created_load",
                  "created_in_process_vs_raw_insert_tx"):

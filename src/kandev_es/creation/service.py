@@ -254,6 +254,13 @@ class CreationService:
         # if the workspace has not changed since admission (a deletion
         # marked in between must not miss this task).
         inline = not plan.steps
+        # One identity across the attempts, an anonymous one too: an attempt
+        # that committed after all can then only be found, never doubled.
+        key = (
+            identity_id(plan.workspace_id, plan.external_id)
+            if plan.external_id is not None
+            else uuid.uuid4()
+        )
         for attempt in range(CLAIM_ATTEMPTS):
             first = attempt == 0
             # On an inline plan's first attempt the workspace as the lookup
@@ -265,7 +272,7 @@ class CreationService:
             # The identity as read at the lookup, on the first attempt, when it
             # had no events: nothing to load (a concurrent first claim loses
             # at the version check and the next attempt loads).
-            identity = self._load_or_register(plan, fresh=first and read is None)
+            identity = self._load_or_register(plan, key, fresh=first and read is None)
             claimed = self._claim(  # step 7
                 principal, plan, secret, identity, admitted if inline else None
             )
@@ -359,10 +366,7 @@ class CreationService:
             raise Conflict("the creation was aborted")
         return CreateResult(_created(done.tenure.outcome), task_dto(done.task), claimed.handle)
 
-    def _load_or_register(self, plan: CreationPlan, fresh: bool) -> Identity:
-        if plan.external_id is None:
-            return Identity.register(uuid.uuid4(), plan.workspace_id, None)
-        key = identity_id(plan.workspace_id, plan.external_id)
+    def _load_or_register(self, plan: CreationPlan, key: uuid.UUID, fresh: bool) -> Identity:
         existing = None if fresh else self._app.load(key, Identity)
         return existing or Identity.register(key, plan.workspace_id, plan.external_id)
 

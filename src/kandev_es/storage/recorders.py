@@ -50,7 +50,7 @@ from psycopg.rows import dict_row, tuple_row
 from psycopg.sql import SQL, Identifier
 from psycopg_pool import PoolTimeout
 
-from kandev_es.storage.breaker import means_node_lost
+from kandev_es.storage.breaker import means_node_lost, means_read_only
 from kandev_es.storage.counters import sequence_name
 from kandev_es.storage.event_sql import (
     drop_old_insert_function,
@@ -75,6 +75,32 @@ def _unretried(method: Any) -> Any:
     return getattr(method, "__wrapped__", method)
 
 
+def _may_retry(recorder: Any, error: Exception, started: float) -> bool:
+    """Whether a call that failed with ``error`` may be made once more: only
+    what a restart or a failover leaves behind (a pooled connection that failed
+    at once). Cleans the pool first. A pool timeout or a slow failure means the
+    database is unreachable, and waiting again would only double the wait."""
+    lost = means_node_lost(error)
+    if lost:
+        # A standby's read-only refusal or a node going away (a failover):
+        # none of the pool's connections to that node is reused; new ones
+        # find the primary through the URL.
+        recorder.datastore.pool.drain()
+    if isinstance(error.__cause__, PoolTimeout) or (
+        time.monotonic() - started > FAST_FAILURE_S
+    ):
+        return False
+    if not lost:
+        recorder.datastore.pool.check()  # drop dead connections, start new ones
+    return True
+
+
+def _connection_error(error: Exception) -> bool:
+    """The connection's fault, not the query's (an InternalError only when it
+    is a failover's: a standby's read-only refusal, a node shutting down)."""
+    return not isinstance(error, persistence.InternalError) or means_node_lost(error)
+
+
 def _retry_once_after_pool_check(method: F) -> F:
     @functools.wraps(method)
     def call(self: PostgresApplicationRecorder, *args: Any, **kwargs: Any) -> Any:
@@ -82,25 +108,44 @@ def _retry_once_after_pool_check(method: F) -> F:
         try:
             return method(self, *args, **kwargs)
         except (InterfaceError, OperationalError, persistence.InternalError) as error:
-            lost = means_node_lost(error)
-            if isinstance(error, persistence.InternalError) and not lost:
-                raise  # a query-level failure: not the connection's fault
-            if lost:
-                # A standby's read-only refusal or a node going away (a
-                # failover): none of the pool's connections to that node is
-                # reused; new ones find the primary through the URL.
-                self.datastore.pool.drain()
-            # Retry only what a restart or a failover leaves behind: a pooled
-            # connection that failed at once. A pool timeout or a slow failure
-            # means the database is unreachable, and waiting again would only
-            # double the wait. A read-only refusal wrote nothing.
-            if isinstance(error.__cause__, PoolTimeout) or (
-                time.monotonic() - started > FAST_FAILURE_S
-            ):
+            if not _connection_error(error) or not _may_retry(self, error, started):
                 raise
-            if not lost:
-                self.datastore.pool.check()  # drop dead connections, start new ones
             return method(self, *args, **kwargs)
+
+    return call  # type: ignore[return-value]
+
+
+def _save_retried_knowingly(method: F) -> F:
+    """A save is never retried blind: its connection may have failed after
+    the commit, with only the answer lost. So after a connection error the
+    store is asked first whether the events are there (``committed``): if so,
+    the save succeeded and its notification ids are returned; if not, it is
+    retried once (as any call); if the store cannot say, the error stands
+    (503: the caller cannot know either, and must not be told it failed)."""
+
+    @functools.wraps(method)
+    def call(self: KandevPostgresRecorder, stored: Sequence[StoredEvent], **kwargs: Any) -> Any:
+        started = time.monotonic()
+        try:
+            return method(self, stored, **kwargs)
+        except (InterfaceError, OperationalError, persistence.InternalError) as error:
+            if not _connection_error(error):
+                raise
+            may_retry = _may_retry(self, error, started)
+            # A read-only refusal (a standby's) wrote nothing: nothing to ask.
+            if isinstance(error.__cause__, PoolTimeout) or means_read_only(error):
+                ids = None
+            else:
+                try:
+                    ids = self.committed(stored)
+                except (InterfaceError, OperationalError, persistence.InternalError):
+                    raise error from None
+            if ids is not None:
+                self.notifier.saved()
+                return ids
+            if not may_retry:
+                raise
+            return method(self, stored, **kwargs)
 
     return call  # type: ignore[return-value]
 
@@ -321,7 +366,7 @@ class KandevPostgresRecorder(PostgresApplicationRecorder):
         quoted_schema = '"' + self.datastore.schema.replace('"', '""') + '"'
         self._sequence_prefix = quoted_schema + "."
 
-    @_retry_once_after_pool_check
+    @_save_retried_knowingly
     def insert_events(
         self, stored_events: Sequence[StoredEvent], **kwargs: Any
     ) -> Sequence[int] | None:
@@ -359,6 +404,33 @@ class KandevPostgresRecorder(PostgresApplicationRecorder):
     def _notify(self) -> None:
         with _Pooled(self.datastore.pool) as conn:
             conn.execute(self._notify_sql)
+
+    def committed(self, stored: Sequence[StoredEvent]) -> list[int] | None:
+        """The notification ids of ``stored`` if that save committed, None if
+        it did not. A save is one transaction: its events are all there or
+        none is. Another writer's events at the same versions (their bytes
+        differ: timestamps, contents) mean ours lost the version check."""
+        statement = (
+            f"SELECT originator_id, originator_version, topic, state, notification_id"
+            f" FROM {self._table_sql} WHERE (originator_id, originator_version) IN"
+            " (SELECT * FROM unnest(%b::uuid[], %b::bigint[]))"
+        )
+        params = (
+            pack_uuids([e.originator_id for e in stored]),
+            pack_int8s([e.originator_version for e in stored]),
+        )
+        with _Pooled(self.datastore.pool) as conn:
+            rows = _tuples(conn).execute(statement, params).fetchall()
+        found = {(uuid.UUID(str(r[0])), int(r[1])): r for r in rows}
+        ids = []
+        for event in stored:
+            row = found.get((uuid.UUID(str(event.originator_id)), event.originator_version))
+            if row is None or row[2] != event.topic or bytes(row[3]) != event.state:
+                if rows:
+                    raise persistence.IntegrityError("another writer took these versions")
+                return None
+            ids.append(int(row[4]))
+        return ids
 
     @_retry_once_after_pool_check
     def checkpoint(self) -> int:

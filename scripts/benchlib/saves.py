@@ -1,0 +1,101 @@
+"""Store saves (the scaling section's store_saves): the store's one-statement
+save of a 6-event stream against a raw 6-row INSERT transaction."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+
+from benchlib.common import concurrent_rate, ratio, say
+from benchlib.database import connect
+from kandev_es.bootstrap import bootstrap
+from kandev_es.config import Settings
+
+RAW_EVENTS_DDL = (
+    "CREATE TABLE raw_events (notification_id bigserial UNIQUE, originator_id uuid NOT NULL,"
+    " originator_version bigint NOT NULL, topic text NOT NULL, state bytea NOT NULL,"
+    " transaction_id xid8 NOT NULL DEFAULT pg_current_xact_id(),"
+    " PRIMARY KEY (originator_id, originator_version))"
+)
+
+
+RAW_EVENTS_INSERT = (
+    "INSERT INTO raw_events (originator_id, originator_version, topic, state)"
+    " SELECT * FROM unnest(%b::uuid[], %b::bigint[], %b::text[], %b::bytea[])"
+)
+
+
+SAVE_ROWS = 6  # events in one save, as in the issue's pgbench comparison
+
+
+SAVE_STATE = os.urandom(240)
+
+
+def save_params() -> tuple[list[uuid.UUID], list[int], list[str], list[bytes]]:
+    stream = uuid.uuid4()
+    versions = list(range(1, SAVE_ROWS + 1))
+    return [stream] * SAVE_ROWS, versions, ["bench:Saved"] * SAVE_ROWS, [SAVE_STATE] * SAVE_ROWS
+
+
+def store_saves(
+    settings: Settings, url: str, schema: str, client_counts: list[int], seconds: float
+) -> list[dict[str, Any]]:
+    """The store's save (recorder.insert_events: one call of kandev_insert_events)
+    of a fresh 6-event stream, against BEGIN; one 6-row INSERT; COMMIT into a
+    table shaped like the events table, at each client count. One process, a
+    thread per client, each with its own connection (the store's pool is sized
+    for the largest count)."""
+    from eventsourcing.persistence import StoredEvent
+
+    with connect(url, schema) as conn:
+        conn.execute(RAW_EVENTS_DDL)
+    biggest = max(client_counts)
+    services = bootstrap(settings.with_overrides(create_tables=False,
+                                                 pool_size=max(5, biggest // 2 + 1)))
+    connections: list[psycopg.Connection[Any]] = []
+    rows: list[dict[str, Any]] = []
+    try:
+        recorder = services.app.recorder
+
+        def save() -> Callable[[], None]:
+            def run() -> None:
+                ids, versions, topics, states = save_params()
+                recorder.insert_events([
+                    StoredEvent(originator_id=i, originator_version=v, topic=t, state=st)
+                    for i, v, t, st in zip(ids, versions, topics, states, strict=True)
+                ])
+
+            return run
+
+        def raw() -> Callable[[], None]:
+            conn = connect(url, schema)
+            connections.append(conn)
+
+            def run() -> None:
+                with conn.transaction():
+                    conn.execute(RAW_EVENTS_INSERT, save_params())
+
+            return run
+
+        for clients in client_counts:
+            saves = concurrent_rate(save, clients, seconds)
+            raws = concurrent_rate(raw, clients, seconds)
+            rows.append({
+                "clients": clients,
+                "saves_per_s": round(saves, 1),
+                "raw_insert_tx_per_s": round(raws, 1),
+                "ratio": ratio(saves, raws),
+            })
+            say(f"saves {clients:>3} clients: {rows[-1]['ratio']}x raw 6-row insert tx")
+    finally:
+        for conn in connections:
+            conn.close()
+        services.close()
+    single = rows[0]["saves_per_s"] if rows else 0.0
+    for row in rows:
+        row["vs_one_client"] = ratio(row["saves_per_s"], single)
+    return rows
