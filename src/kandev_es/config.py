@@ -87,6 +87,8 @@ class Settings:
     # run, and per workspace (docs/security.md: Agent fan-out).
     max_agents_per_run: int = 4
     max_run_agents_per_workspace: int = 16
+    # The interactive API page at /api/docs (api/api_docs.py); off: 404 there.
+    api_docs: bool = True
 
     @property
     def backend(self) -> str:
@@ -379,6 +381,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         audit_link_seconds=_seconds(env, "KANDEV_AUDIT_LINK_SECONDS", 900.0),
         max_agents_per_run=_int(env, "KANDEV_MAX_AGENTS_PER_RUN", 4),
         max_run_agents_per_workspace=_int(env, "KANDEV_MAX_RUN_AGENTS_PER_WORKSPACE", 16),
+        api_docs=_flag(env.get("KANDEV_API_DOCS"), True),
         agent_env=tuple(
             name.strip() for name in (env.get("KANDEV_AGENT_ENV") or "").split(",") if name.strip()
         ),

@@ -11,6 +11,7 @@ from flask_smorest import Api
 from kandev_es import __version__, metrics
 from kandev_es.api import (
     agentctl,
+    api_docs,
     audit_page,
     errors,
     events,
@@ -46,6 +47,7 @@ def create_app(
     )
     api = _register_api(app)
     _register_blueprints(api)
+    api_docs.register(app, settings.api_docs)
     # HTML, not part of the REST contract: a plain blueprint, outside the OpenAPI.
     app.register_blueprint(audit_page.blp)
     errors.register(app)
@@ -78,6 +80,7 @@ def _configure(app: Flask, settings: Settings) -> None:
                 )
             },
         },
+        **api_docs.page_config(settings.api_docs),
     )
 
 
