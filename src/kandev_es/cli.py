@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 import uuid
 from collections import Counter
 from typing import Any
@@ -32,6 +31,7 @@ from kandev_es.cli_usage import (
 )
 from kandev_es.config import load_settings, local_url
 from kandev_es.errors import InvalidSetting, KandevError
+from kandev_es.observability import logs
 
 
 def _emit(data: dict[str, Any]) -> None:
@@ -75,11 +75,8 @@ def main(ctx: click.Context, log_level: str | None) -> None:
     # One-shot commands stay quiet unless asked; the server logs its operation.
     quiet = "INFO" if ctx.invoked_subcommand == "serve" else "WARNING"
     level = log_level or settings.log_level or quiet
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-        stream=sys.stderr,
-    )
+    # Text or JSON lines (KANDEV_LOG_FORMAT), redacted, with each request's id.
+    logs.configure(level, settings.log_format)
 
 
 @main.group()

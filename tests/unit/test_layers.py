@@ -18,9 +18,9 @@ PACKAGE = "kandev_es"
 # prefixes (a package, or single modules) relative to kandev_es ("" = the
 # package's own __init__, its version).
 LAYERS: tuple[tuple[tuple[str, ...], ...], ...] = (
-    (("", "errors"),),
+    (("", "errors", "redaction"),),
     (("config",), ("limits",), ("access_log",)),
-    (("domain",), ("metrics",)),
+    (("domain",), ("metrics",), ("observability",)),
     (("views",),),
     (("storage",), ("agent",)),
     (("application",),),
