@@ -25,6 +25,7 @@ from eventsourcing.persistence import InternalError as StoreInternalError
 from kandev_es import metrics
 from kandev_es.config import Settings
 from kandev_es.errors import Contended, InternalError, ProjectionFailed, StoreUnavailable
+from kandev_es.observability import tracing
 from kandev_es.storage.breaker import StoreBreaker, means_read_only, means_unreachable
 from kandev_es.storage.sqlite_factory import SQLITE_FACTORY_TOPIC
 from kandev_es.storage.sqlite_recorder import SQLITE_RECORDER_TOPIC
@@ -404,6 +405,7 @@ class Tasks(Application):  # type: ignore[type-arg]
             raise ProjectionFailed("a read model refused the save; nothing was stored") from None
         return events, stored, ids or []
 
+    @tracing.traced("save")
     def save_atomically(
         self, *aggregates: Aggregate, unchanged: Mapping[uuid.UUID, int] | None = None
     ) -> int:
