@@ -24,6 +24,7 @@ from eventsourcing.persistence import InternalError as StoreInternalError
 
 from kandev_es.config import Settings
 from kandev_es.errors import Contended, InternalError, StoreUnavailable
+from kandev_es.observability import tracing
 from kandev_es.storage.breaker import StoreBreaker, means_read_only, means_unreachable
 from kandev_es.storage.sqlite_factory import SQLITE_FACTORY_TOPIC
 from kandev_es.storage.sqlite_recorder import SQLITE_RECORDER_TOPIC
@@ -386,6 +387,7 @@ class Tasks(Application):  # type: ignore[type-arg]
         ids = self.recorder.insert_events(stored, **kwargs)
         return events, stored, ids or []
 
+    @tracing.traced("save")
     def save_atomically(
         self, *aggregates: Aggregate, unchanged: Mapping[uuid.UUID, int] | None = None
     ) -> int:

@@ -14,6 +14,7 @@ from marshmallow import Schema, fields
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from kandev_es.errors import KandevError, PayloadTooLarge, http_status
+from kandev_es.observability.serving import with_request_id
 
 log = logging.getLogger("kandev_es.api")
 
@@ -24,6 +25,9 @@ class ApiErrorSchema(Schema):
     error = fields.String(required=True, metadata={"description": "machine-readable code"})
     message = fields.String()
     details = fields.Dict()
+    request_id = fields.String(
+        metadata={"description": "the request's id, as in its X-Request-Id header and the logs"}
+    )
 
 
 # What each error status means, as the OpenAPI document says it for every route
@@ -61,7 +65,7 @@ def document_errors(blp: Any, *codes: int) -> Callable[[Any], Any]:
 
 def _kandev_error(error: KandevError) -> ResponseReturnValue:
     status = http_status(error)
-    response = jsonify(error.to_dict())
+    response = jsonify(with_request_id(error.to_dict()))
     if status == 503:
         response.headers["Retry-After"] = "1"
     return response, status
@@ -77,12 +81,13 @@ def _http_error(error: HTTPException) -> ResponseReturnValue:
     data = getattr(error, "data", None)
     if isinstance(data, dict) and "messages" in data:
         body["details"] = data["messages"]
-    return jsonify(body), error.code or 500
+    return jsonify(with_request_id(body)), error.code or 500
 
 
 def _unexpected(error: Exception) -> ResponseReturnValue:
     log.exception("unhandled error")
-    return jsonify({"error": "internal_error", "message": "internal server error"}), 500
+    body = {"error": "internal_error", "message": "internal server error"}
+    return jsonify(with_request_id(body)), 500
 
 
 def register(app: Flask) -> None:

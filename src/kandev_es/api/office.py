@@ -20,6 +20,7 @@ from kandev_es.creation.outcomes import CreateTaskResponseSchema
 from kandev_es.creation.placement import Placement, under_parent
 from kandev_es.creation.request import CreateTaskRequestSchema
 from kandev_es.domain.principal import Principal
+from kandev_es.observability import tracing
 
 blp = Blueprint(
     "office", __name__, url_prefix="/api/v1/office/runtime", description="Office runtime"
@@ -69,7 +70,9 @@ def create_as_run(
     """The create protocol as the calling run; no run credential means the
     protocol's own refusal (404 task not created), before any validation."""
     found = caller if caller is not None else run_principal()
-    return services().creation.create(found, body, placed).to_response()
+    result = services().creation.create(found, body, placed)
+    with tracing.span("answer"):
+        return result.to_response()
 
 
 @blp.route("/tasks")

@@ -64,6 +64,11 @@ class CreationStatusSchema(Schema):
     released = fields.Boolean(required=True)
     outcome = fields.String(allow_none=True, required=True)
     plan_hash = fields.String(required=True)
+    request_id = fields.String(
+        allow_none=True,
+        required=True,
+        metadata={"description": "the X-Request-Id of the request that claimed it"},
+    )
     steps = fields.List(fields.Nested(CreationStepSchema), required=True)
 
 

@@ -27,6 +27,8 @@ from kandev_es.domain.external_id import normalize_external_id, require_external
 from kandev_es.domain.principal import require_operator
 from kandev_es.errors import BadRequest, TaskNotFound, http_status
 from kandev_es.limits import MAX_CURSOR, stored_integer
+from kandev_es.observability import tracing
+from kandev_es.observability.serving import with_request_id
 from kandev_es.services.release import NO_HOLDER
 from kandev_es.services.tasks import TaskPatchSchema
 from kandev_es.views import TaskSchema, task_dto
@@ -98,7 +100,8 @@ class TaskCreate(MethodView):
         """
         body = json_object()
         result = services().creation.create(create_principal(), body)
-        return create_answer(result)  # the documented schema's dump, built here
+        with tracing.span("answer"):
+            return create_answer(result)  # the documented schema's dump, built here
 
 
 @blp.route("/workspaces/<workspace_id>/tasks/by-external-id")
@@ -162,7 +165,7 @@ class TaskLookup(MethodView):
         )
         headers = {"Idempotent-Replayed": "true" if result.replayed else "false"}
         if not result.released:  # no holder: the stored answer
-            return jsonify(result.body), http_status(NO_HOLDER), headers
+            return jsonify(with_request_id(result.body)), http_status(NO_HOLDER), headers
         return result.body, 200, headers
 
 
