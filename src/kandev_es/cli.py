@@ -13,6 +13,7 @@ import click
 from kandev_es import __version__
 from kandev_es.bootstrap import bootstrap, init_storage, store_exists
 from kandev_es.cli_agentctl import register as register_agentctl
+from kandev_es.cli_numbers import register as register_numbers
 from kandev_es.cli_ops import register as register_ops
 from kandev_es.cli_tasks import register as register_tasks
 from kandev_es.cli_usage import (
@@ -371,6 +372,7 @@ def mcp_server(over_http: bool, host: str, port: int) -> None:
 register_ops(main, projections)
 register_agentctl(main)  # agentctl task create (inside an agent run)
 register_tasks(main, workspace)  # workspace list, task create/get/lookup (for people)
+register_numbers(workspace)  # workspace advance-numbers (after a dump restore)
 
 
 def _whole_summaries(group: click.Group) -> None:
