@@ -75,7 +75,8 @@ def projections_rebuild(names: tuple[str, ...], batch_size: int) -> None:
                 result = rebuild(runner, name, progress=show, batch_size=batch_size)
             click.echo(
                 f"rebuilt {name}: {result.position} events scanned, {result.applied} applied"
-                f" in {result.seconds:.2f}s ({result.events_per_second:,.0f} events/s)"
+                f" in {result.seconds:.2f}s ({result.events_per_second:,.0f} events/s);"
+                f" saves held {result.paused_seconds * 1000:.0f} ms at the switch"
             )
     except KandevError as error:
         raise click.ClickException(error.message) from None
