@@ -126,7 +126,8 @@ class EventFeed(MethodView):
         target = _authorized_workspace(workspace_id)
         after = parse_cursor(request.args.get("after"))
         limit = int(parse_bounded(request.args.get("limit"), "limit", 100, 1, MAX_PAGE))
-        return feed_page(services().database, target, after, limit)
+        svc = services()
+        return feed_page(svc.database, target, after, limit, svc.app.settled_head)
 
 
 @blp.route("/workspaces/<workspace_id>/events/stream")
@@ -176,7 +177,8 @@ class EventStream(MethodView):
         max_seconds = parse_bounded(
             request.args.get("max_seconds"), "max_seconds", 300, 0, MAX_STREAM_SECONDS
         )
-        database = services().database
+        svc = services()
+        database = svc.database
         slots = _slots()
         slots.take(who.token_id)  # 503 stream_limit_reached before the stream starts
         return Response(
@@ -186,6 +188,7 @@ class EventStream(MethodView):
                 sse_stream(
                     database, target, after, max_seconds,
                     ended=_end_reason(bearer_secret(), target),
+                    settled=svc.app.settled_head,
                 ),
             ),
             mimetype="text/event-stream",
