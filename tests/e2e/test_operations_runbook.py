@@ -99,7 +99,8 @@ class Runbook:
                     command = ["runuser", "-u", PG_USER, "--", *command]
             done = subprocess.run(command, cwd=cwd, env=env or self.env(), capture_output=True,
                                   text=True, timeout=300, stdin=subprocess.DEVNULL)
-        assert done.returncode == 0, f"{where}: exit {done.returncode}\n{done.stderr}"
+        output = f"{done.stdout}\n{done.stderr}"
+        assert done.returncode == 0, f"{where}: exit {done.returncode}\n{output}"
         return done.stdout
 
     def env(self, **extra: str) -> dict[str, str]:
