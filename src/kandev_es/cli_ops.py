@@ -86,7 +86,7 @@ def projections_rebuild(names: tuple[str, ...], batch_size: int) -> None:
 
 @click.command("history", short_help="An identity's whole stream across tenures, as a timeline.")
 @click.option("--workspace", "workspace", required=True, help="workspace id or name")
-@click.option("--external-id", "external_id", required=True)
+@click.option("--external-id", "external_id", required=True, help="the external ID to show")
 @click.option("--json", "as_json", is_flag=True, help="print the history as JSON")
 @click.option(
     "--link/--no-link",
