@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import resource
+import socket
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -39,6 +40,8 @@ from kandev_es.http_limits import HEAD_BYTES, HeadLimits, JsonErrorTask, limited
 # Seconds the worker's loop waits for I/O at most between heartbeats and
 # checks of `alive` (gunicorn's SIGTERM); maintenance runs once a second.
 SLICE_S = 0.5
+# Seconds a connection whose request was refused still reads (and drops) what comes.
+LINGER_S = 5.0
 WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
 
@@ -53,11 +56,35 @@ class Timeouts:
 
 
 class TimedChannel(HTTPChannel):  # type: ignore[misc]
-    """A connection that knows when its current request's first byte came."""
+    """A connection that knows when its current request's first byte came,
+    and lingers after refusing a request (http_limits.JsonErrorTask sets
+    ``refused``): closing at once with the rest of a 200 KB head unread would
+    send a reset that can cost the client its 414 / 431 answer. So, as nginx
+    does, it stops sending (FIN after the answer), reads and drops what still
+    comes for up to LINGER_S, and closes then or when the client does."""
 
     request_started = 0.0
+    refused = False
+    lingering_until = 0.0
+
+    def handle_close(self) -> None:
+        if self.refused and not self.lingering_until and self.connected:
+            try:
+                self.socket.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+            else:
+                self.lingering_until = time.time() + LINGER_S
+                self.will_close = self.close_when_flushed = False
+                return
+        super().handle_close()
+
+    def readable(self) -> bool:
+        return bool(self.lingering_until) or bool(super().readable())
 
     def received(self, data: bytes) -> bool:
+        if self.lingering_until:
+            return False  # dropped: the request was answered and refused
         before = self.request
         result: bool = super().received(data)
         if self.request is not None and self.request is not before:
@@ -67,6 +94,8 @@ class TimedChannel(HTTPChannel):  # type: ignore[misc]
     def overdue(self, now: float, timeouts: Timeouts) -> bool:
         """Closing time: its request's headers or body took too long, or the
         connection sat without a request. One being served never is."""
+        if self.lingering_until:
+            return now > self.lingering_until
         if self.requests:
             return False
         request = self.request
