@@ -17,6 +17,7 @@ from kandev_es.api import (
     health,
     identities,
     office,
+    parked,
     resources,
     tasks,
     tokens,
@@ -101,6 +102,7 @@ def _register_blueprints(api: Api) -> None:
     api.register_blueprint(identities.blp)
     api.register_blueprint(office.blp)
     api.register_blueprint(agentctl.blp)
+    api.register_blueprint(parked.blp)
 
 
 def _instrument_requests(app: Flask) -> None:
