@@ -22,12 +22,18 @@ from eventsourcing.persistence import (
 )
 from eventsourcing.persistence import InternalError as StoreInternalError
 
+from kandev_es import metrics
 from kandev_es.config import Settings
-from kandev_es.errors import Contended, InternalError, StoreUnavailable
+from kandev_es.errors import Contended, InternalError, ProjectionFailed, StoreUnavailable
+from kandev_es.observability import tracing
 from kandev_es.storage.breaker import StoreBreaker, means_read_only, means_unreachable
 from kandev_es.storage.sqlite_factory import SQLITE_FACTORY_TOPIC
 from kandev_es.storage.sqlite_recorder import SQLITE_RECORDER_TOPIC
 from kandev_es.storage.streams import StreamsAdvanced
+from kandev_es.storage.view_writes import ViewRows, ViewsFailed
+
+# Makes a save's read-model rows from its events and aggregates.
+InlineViews = Callable[[Sequence[Any], Sequence[Aggregate]], ViewRows]
 
 A = TypeVar("A", bound=Aggregate)
 L = TypeVar("L")
@@ -40,7 +46,6 @@ class VersionConflict(InternalError):
     guarded save, to one of the streams it depended on)."""
 
 
-READ_CACHE_SIZE = 20000
 THREAD_COPIES = 512
 CONFLICT_ATTEMPTS = 8
 
@@ -56,7 +61,7 @@ class ReadCache:
     Lookups take no lock (a dict read is atomic); the oldest entry goes first
     when full (a hot aggregate evicted is only read once more from its stream)."""
 
-    def __init__(self, maxsize: int = READ_CACHE_SIZE, per_thread: int = THREAD_COPIES) -> None:
+    def __init__(self, maxsize: int, per_thread: int = THREAD_COPIES) -> None:
         self._maxsize = maxsize
         self._per_thread = per_thread
         self._items: dict[uuid.UUID, Aggregate] = {}
@@ -101,11 +106,15 @@ class ReadCache:
 # Recently used aggregates stay in memory and are fast-forwarded with the events
 # recorded since (one cheap query, nothing to decode when nothing changed), and
 # handed out as deep copies, so a failed save never pollutes the cache.
+# Its size: KANDEV_AGGREGATE_CACHE_SIZE (docs/operations.md: Worker memory).
 AGGREGATE_CACHE = {
-    "AGGREGATE_CACHE_MAXSIZE": "20000",
     "AGGREGATE_CACHE_FASTFORWARD": "y",
     "DEEPCOPY_FROM_AGGREGATE_CACHE": "y",
 }
+
+
+def aggregate_cache(settings: Settings) -> dict[str, str]:
+    return {**AGGREGATE_CACHE, "AGGREGATE_CACHE_MAXSIZE": str(settings.aggregate_cache_size)}
 
 
 def event_store_env(settings: Settings) -> dict[str, str]:
@@ -144,10 +153,10 @@ def event_store_env(settings: Settings) -> dict[str, str]:
             POSTGRES_ENABLE_DB_FUNCTIONS="n",
             CREATE_TABLE=create,
         )
-        env.update(AGGREGATE_CACHE)
+        env.update(aggregate_cache(settings))
         return env
     return {
-        **AGGREGATE_CACHE,
+        **aggregate_cache(settings),
         "PERSISTENCE_MODULE": SQLITE_FACTORY_TOPIC,
         "APPLICATION_RECORDER_TOPIC": SQLITE_RECORDER_TOPIC,
         "SQLITE_DBNAME": str(settings.sqlite_path),
@@ -170,7 +179,10 @@ class Tasks(Application):  # type: ignore[type-arg]
             reconnect_quickly()
             breaker = StoreBreaker()
         self.breaker = breaker
-        self._snapshots = ReadCache()
+        self._snapshots = ReadCache(settings.snapshot_cache_size)
+        # The inline projections (projections/inline.py, set by bootstrap):
+        # the read-model rows each save writes in its own transaction.
+        self.inline: InlineViews | None = None
         # PostgreSQL's recorder can draw an office number inside a read
         # (``read_and_draw``); SQLite's counter row is a statement of its own.
         self.draws_with_reads = hasattr(self.recorder, "select_streams_drawing")
@@ -347,6 +359,8 @@ class Tasks(Application):  # type: ignore[type-arg]
         """The library's ``save``, through ``_write`` when saving aggregates."""
         aggregates = [obj for obj in objs if obj is not None]
         if not self._direct_save or not all(isinstance(a, Aggregate) for a in aggregates):
+            if self.inline is not None:  # the library's save writes no read model
+                raise InternalError("a save the inline projections cannot follow")
             return cast(list[Recording[uuid.UUID]], super().save(*objs, **kwargs))
         events, stored, ids = self._write(aggregates, kwargs)
         if not ids:
@@ -380,9 +394,18 @@ class Tasks(Application):  # type: ignore[type-arg]
             events.extend(aggregate.collect_events())
         to_stored = self.mapper.to_stored_event
         stored = [to_stored(event) for event in events]
-        ids = self.recorder.insert_events(stored, **kwargs)
+        try:
+            # The read-model rows of these events, written by the recorder in
+            # the same transaction (storage/view_writes.py).
+            views = self.inline(events, aggregates) if self.inline is not None else None
+            ids = self.recorder.insert_events(stored, views=views, **kwargs)
+        except ViewsFailed as error:
+            metrics.record_projection_failure()
+            log.error("save rolled back: %s", error)
+            raise ProjectionFailed("a read model refused the save; nothing was stored") from None
         return events, stored, ids or []
 
+    @tracing.traced("save")
     def save_atomically(
         self, *aggregates: Aggregate, unchanged: Mapping[uuid.UUID, int] | None = None
     ) -> int:
@@ -427,6 +450,17 @@ class Tasks(Application):  # type: ignore[type-arg]
                     continue
             return answer
         raise Contended(contended, attempts=attempts)
+
+    def settled_head(self) -> int | None:
+        """For readers of rows saves write inline out of position order (the
+        feeds): a position they may read up to, at or above every save that
+        answered before the call (``recorders.settled_head``). None: what is
+        visible is settled (SQLite's one writer commits in position order)."""
+        settled_head = getattr(self.recorder, "settled_head", None)
+        if settled_head is None:
+            return None
+        with self._store_call():
+            return int(settled_head())
 
     def max_notification_id(self) -> int:
         with self._store_call():

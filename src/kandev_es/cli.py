@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 import uuid
 from collections import Counter
 from typing import Any
@@ -14,8 +13,10 @@ import click
 from kandev_es import __version__
 from kandev_es.bootstrap import bootstrap, init_storage, store_exists
 from kandev_es.cli_agentctl import register as register_agentctl
+from kandev_es.cli_numbers import register as register_numbers
 from kandev_es.cli_ops import register as register_ops
 from kandev_es.cli_parked import register as register_parked
+from kandev_es.cli_tasks import register as register_tasks
 from kandev_es.cli_usage import (
     AT_LEAST_ONE,
     PORT,
@@ -23,6 +24,7 @@ from kandev_es.cli_usage import (
     OneLineUsage,
     name_store,
     open_store,
+    require_free_address,
     resolvable_host,
     store_options,
     store_settings,
@@ -30,6 +32,7 @@ from kandev_es.cli_usage import (
 )
 from kandev_es.config import load_settings, local_url
 from kandev_es.errors import InvalidSetting, KandevError
+from kandev_es.observability import logs
 
 
 def _emit(data: dict[str, Any]) -> None:
@@ -73,11 +76,8 @@ def main(ctx: click.Context, log_level: str | None) -> None:
     # One-shot commands stay quiet unless asked; the server logs its operation.
     quiet = "INFO" if ctx.invoked_subcommand == "serve" else "WARNING"
     level = log_level or settings.log_level or quiet
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-        stream=sys.stderr,
-    )
+    # Text or JSON lines (KANDEV_LOG_FORMAT), redacted, with each request's id.
+    logs.configure(level, settings.log_format)
 
 
 @main.group()
@@ -101,7 +101,7 @@ def db_init() -> None:
 
 @main.group()
 def workspace() -> None:
-    """Workspaces."""
+    """Workspaces: create, list."""
 
 
 @workspace.command("create")
@@ -136,7 +136,7 @@ def token() -> None:
 )
 @store_options
 def token_create(workspace: str | None, admin: bool, label: str, role: str) -> None:
-    """Issue a token and print it once as JSON."""
+    """Issue a token and print it once as JSON, with its id (what revoke takes)."""
     if admin == (workspace is not None):
         raise click.UsageError("give exactly one of --workspace or --admin")
     services = open_store()
@@ -146,10 +146,10 @@ def token_create(workspace: str | None, admin: bool, label: str, role: str) -> N
             target = workspace_id(services, workspace)
             if services.workspaces.get(target) is None:
                 raise click.ClickException(f"no workspace {workspace}")
-        secret, _ = services.tokens.issue(
+        secret, issued = services.tokens.issue(
             workspace_id=target, admin=admin, label=label, role=role
         )
-        _emit({"token": secret})
+        _emit({"id": str(issued.token_id), "token": secret})  # the id is what revoke takes
     finally:
         services.close()
 
@@ -328,6 +328,7 @@ def serve(host: str, port: int, workers: int | None, threads: int) -> None:
     """
     from kandev_es.server import first_start, run_server
 
+    require_free_address(host, port)  # before the store and the first-start token
     settings = store_settings()
     found = init_storage(settings)  # in the parent, before any worker starts
     name_store(settings)
@@ -373,6 +374,8 @@ def mcp_server(over_http: bool, host: str, port: int) -> None:
 register_ops(main, projections)
 register_parked(main)
 register_agentctl(main)  # agentctl task create (inside an agent run)
+register_tasks(main, workspace)  # workspace list, task create/get/lookup (for people)
+register_numbers(workspace)  # workspace advance-numbers (after a dump restore)
 
 
 def _whole_summaries(group: click.Group) -> None:

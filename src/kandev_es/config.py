@@ -8,6 +8,7 @@ from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from kandev_es.errors import InvalidSetting
@@ -30,6 +31,18 @@ class Settings:
     body_timeout: float = 30.0
     idle_timeout: float = 5.0
     max_connections: int = 2048
+    # What a request's head may hold (gunicorn's defaults): the request line
+    # (414 past it), header fields and bytes per field (431 past either).
+    max_request_line: int = 4094
+    max_header_fields: int = 100
+    max_header_field_bytes: int = 8190
+    # Bytes of a request body a worker holds in memory while it arrives; the rest
+    # goes to a temporary file (docs/security.md: Input limits and streams).
+    body_memory_bytes: int = 16384
+    # Aggregates a worker keeps in memory (docs/operations.md: Worker memory):
+    # snapshots for reads, and the event store library's aggregate cache.
+    snapshot_cache_size: int = 20_000
+    aggregate_cache_size: int = 20_000
     projection_poll_seconds: float = 0.2
     # None: the CLI picks (WARNING for one-shot commands, INFO for serve).
     log_level: str | None = None
@@ -67,6 +80,13 @@ class Settings:
     max_streams_per_token: int = 8
     # Extra environment names an operator lets through to agents (KANDEV_AGENT_ENV).
     agent_env: tuple[str, ...] = ()
+    # KANDEV_LOG_FORMAT: "text" (default) or "json", one object per line
+    # (docs/observability.md).
+    log_format: str = "text"
+    # OpenTelemetry traces (the otel extra), from the standard OTEL_* variables:
+    # off unless an exporter or an OTLP endpoint is named (docs/observability.md).
+    tracing: bool = False
+    trace_exporter: str = "otlp"
     # Seconds a run credential lives when its run's end is never observed.
     run_token_ttl: float = 24 * 3600.0
     # Seconds an audit link (``identity history``'s link to the auditor's page) works.
@@ -75,6 +95,8 @@ class Settings:
     # run, and per workspace (docs/security.md: Agent fan-out).
     max_agents_per_run: int = 4
     max_run_agents_per_workspace: int = 16
+    # The interactive API page at /api/docs (api/api_docs.py); off: 404 there.
+    api_docs: bool = True
 
     @property
     def backend(self) -> str:
@@ -113,6 +135,40 @@ def _flag(value: str | None, default: bool) -> bool:
     if value is None or value == "":
         return default
     return value.strip().lower() in {"1", "true", "yes", "y", "on"}
+
+
+LOG_FORMATS = ("text", "json")
+TRACE_EXPORTERS = ("otlp", "console")
+
+
+def _log_format(env: Mapping[str, str]) -> str:
+    value = (env.get("KANDEV_LOG_FORMAT") or "text").strip().lower()
+    if value not in LOG_FORMATS:
+        raise InvalidSetting(f"KANDEV_LOG_FORMAT must be text or json, got {_shown(value)}")
+    return value
+
+
+def _tracing(env: Mapping[str, str]) -> dict[str, Any]:
+    """Traces are on when OTEL_TRACES_EXPORTER names an exporter (otlp, console)
+    or an OTLP endpoint is set, unless OTEL_SDK_DISABLED or
+    OTEL_TRACES_EXPORTER=none. Only OTLP over HTTP (protobuf) is shipped."""
+    exporter = (env.get("OTEL_TRACES_EXPORTER") or "").strip().lower()
+    endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get(
+        "OTEL_EXPORTER_OTLP_ENDPOINT"
+    )
+    if _flag(env.get("OTEL_SDK_DISABLED"), False) or exporter == "none":
+        return {"tracing": False}
+    if exporter and exporter not in TRACE_EXPORTERS:
+        raise InvalidSetting(
+            f"OTEL_TRACES_EXPORTER must be otlp, console or none, got {_shown(exporter)}"
+        )
+    protocol = (env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+                or env.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf").strip()
+    if (exporter or "otlp") == "otlp" and protocol != "http/protobuf":
+        raise InvalidSetting(
+            f"OTEL_EXPORTER_OTLP_PROTOCOL must be http/protobuf, got {_shown(protocol)}"
+        )
+    return {"tracing": bool(exporter or endpoint), "trace_exporter": exporter or "otlp"}
 
 
 def redact_url(url: str) -> str:
@@ -255,6 +311,13 @@ INT_SETTINGS: dict[str, tuple[int, int]] = {
     "KANDEV_POOL_SIZE": (1, 1_000),
     "KANDEV_MAX_BODY_BYTES": (1, 1 << 30),
     "KANDEV_MAX_CONNECTIONS": (1, 1_000_000),
+    # Within waitress' 256 KiB for the request line and headers together.
+    "KANDEV_MAX_REQUEST_LINE": (64, 262_144),
+    "KANDEV_MAX_HEADER_FIELDS": (1, 10_000),
+    "KANDEV_MAX_HEADER_FIELD_BYTES": (64, 262_144),
+    "KANDEV_BODY_MEMORY_BYTES": (1_024, 1 << 30),
+    "KANDEV_SNAPSHOT_CACHE_SIZE": (1, 10_000_000),
+    "KANDEV_AGGREGATE_CACHE_SIZE": (1, 10_000_000),
     "KANDEV_PG_CONNECT_TIMEOUT": (1, 3_600),
     "KANDEV_MAX_STREAMS": (0, 4_096),
     "KANDEV_MAX_STREAMS_PER_TOKEN": (0, 4_096),
@@ -330,6 +393,16 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         body_timeout=_seconds(env, "KANDEV_BODY_TIMEOUT", 30.0),
         idle_timeout=_seconds(env, "KANDEV_IDLE_TIMEOUT", 5.0),
         max_connections=_int(env, "KANDEV_MAX_CONNECTIONS", 2048),
+        max_request_line=_int(env, "KANDEV_MAX_REQUEST_LINE", Settings.max_request_line),
+        max_header_fields=_int(env, "KANDEV_MAX_HEADER_FIELDS", Settings.max_header_fields),
+        max_header_field_bytes=_int(
+            env, "KANDEV_MAX_HEADER_FIELD_BYTES", Settings.max_header_field_bytes
+        ),
+        body_memory_bytes=_int(env, "KANDEV_BODY_MEMORY_BYTES", Settings.body_memory_bytes),
+        snapshot_cache_size=_int(env, "KANDEV_SNAPSHOT_CACHE_SIZE", Settings.snapshot_cache_size),
+        aggregate_cache_size=_int(
+            env, "KANDEV_AGGREGATE_CACHE_SIZE", Settings.aggregate_cache_size
+        ),
         projection_poll_seconds=_seconds(env, "KANDEV_PROJECTION_POLL_SECONDS", 0.2),
         log_level=env.get("KANDEV_LOG_LEVEL") or None,
         lease_seconds=_seconds(env, "KANDEV_LEASE_SECONDS", 30.0),
@@ -350,9 +423,12 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         audit_link_seconds=_seconds(env, "KANDEV_AUDIT_LINK_SECONDS", 900.0),
         max_agents_per_run=_int(env, "KANDEV_MAX_AGENTS_PER_RUN", 4),
         max_run_agents_per_workspace=_int(env, "KANDEV_MAX_RUN_AGENTS_PER_WORKSPACE", 16),
+        api_docs=_flag(env.get("KANDEV_API_DOCS"), True),
         agent_env=tuple(
             name.strip() for name in (env.get("KANDEV_AGENT_ENV") or "").split(",") if name.strip()
         ),
+        log_format=_log_format(env),
+        **_tracing(env),
     )
     settings.postgres  # noqa: B018 -- a URL it cannot honour fails here, before any connection
     return settings
@@ -457,6 +533,9 @@ class RunCredential:
     api_url: str
     token: str
     run_id: str
+    # The launching step's span (W3C TRACEPARENT, when traces are on): the
+    # agent's creates join the trace of the create that started it.
+    traceparent: str | None = None
 
 
 def load_run_credential(environ: Mapping[str, str] | None = None) -> RunCredential:
@@ -467,4 +546,9 @@ def load_run_credential(environ: Mapping[str, str] | None = None) -> RunCredenti
             f"missing {', '.join(missing)}: agentctl runs inside an agent launched by "
             "kandev-es, which sets KANDEV_API_URL, KANDEV_RUN_TOKEN and KANDEV_RUN_ID"
         )
-    return RunCredential(env["KANDEV_API_URL"], env["KANDEV_RUN_TOKEN"], env["KANDEV_RUN_ID"])
+    return RunCredential(
+        env["KANDEV_API_URL"],
+        env["KANDEV_RUN_TOKEN"],
+        env["KANDEV_RUN_ID"],
+        env.get("TRACEPARENT") or None,
+    )

@@ -21,12 +21,12 @@ import re
 import subprocess
 import sys
 import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from kandev_es.config import Settings
+from tests.support.pages import blocks
 from tests.support.served import ServedProcess
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,28 +43,6 @@ VARYING = {
     "…": ".*",
 }
 AUDIT_LINK = re.compile(r"http://127\.0\.0\.1:\d+/audit/identities\?\S+")
-
-
-@dataclass
-class Block:
-    language: str
-    text: str
-    marker: str  # the line right before the opening fence
-    line: int
-
-
-def blocks(page: Path) -> list[Block]:
-    found, lines, index = [], page.read_text(encoding="utf-8").splitlines(), 0
-    while index < len(lines):
-        fence = re.match(r"^```(\w*)\s*$", lines[index])
-        if not fence:
-            index += 1
-            continue
-        end = next(i for i in range(index + 1, len(lines)) if lines[i].startswith("```"))
-        marker = lines[index - 1].strip() if index else ""
-        found.append(Block(fence.group(1), "\n".join(lines[index + 1 : end]), marker, index + 1))
-        index = end + 1
-    return found
 
 
 def pattern(expected: str) -> re.Pattern[str]:

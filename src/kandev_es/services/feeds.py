@@ -8,6 +8,7 @@ client saved stays valid across rebuilds.
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -31,21 +32,49 @@ def _still_allowed() -> str | None:
     return None
 
 
+# Set once, when this process stops serving (the worker's SIGTERM): every open
+# stream sends a last comment and ends at once, so its client reconnects to a
+# server that stays and the worker's drain is not held for a stream's life.
+SERVER_STOPPING = threading.Event()
+
+
+def end_open_streams() -> None:
+    SERVER_STOPPING.set()
+
+
 @dataclass(frozen=True)
 class FeedItem:
     position: int
     envelope: dict[str, Any]
 
 
+def _everything_visible() -> int | None:
+    return None
+
+
+# How far a reader may read (``Tasks.settled_head``): None, everything visible.
+Horizon = Callable[[], int | None]
+
+
 def read_feed(
-    database: Database, workspace_id: uuid.UUID, after: int, limit: int
+    database: Database,
+    workspace_id: uuid.UUID,
+    after: int,
+    limit: int,
+    settled: Horizon = _everything_visible,
 ) -> list[FeedItem]:
+    """Feed rows after ``after``, only up to the settled position: rows are
+    written in the saves' transactions (projections/inline.py), which commit
+    out of position order, and a cursor must never pass a row still to come."""
     workspace = workspace_id if database.backend == "postgres" else str(workspace_id)
+    bound = settled()
+    upto = "" if bound is None else " AND position <= ?"
+    params: tuple[Any, ...] = (workspace, after) if bound is None else (workspace, after, bound)
     with database.transaction() as tx:
         rows = tx.execute(
             "SELECT position, event_id, type, subject, timestamp, data FROM feed_events"
-            " WHERE workspace_id = ? AND position > ? ORDER BY position LIMIT ?",
-            (workspace, after, limit),
+            f" WHERE workspace_id = ? AND position > ?{upto} ORDER BY position LIMIT ?",
+            (*params, limit),
         )
     source = feed_source(workspace_id)
     return [
@@ -65,9 +94,13 @@ def read_feed(
 
 
 def feed_page(
-    database: Database, workspace_id: uuid.UUID, after: int, limit: int
+    database: Database,
+    workspace_id: uuid.UUID,
+    after: int,
+    limit: int,
+    settled: Horizon = _everything_visible,
 ) -> dict[str, Any]:
-    items = read_feed(database, workspace_id, after, limit + 1)
+    items = read_feed(database, workspace_id, after, limit + 1, settled)
     page = items[:limit]
     return {
         "items": [item.envelope for item in page],
@@ -83,6 +116,8 @@ def sse_stream(
     max_seconds: float,
     poll_seconds: float = 0.5,
     ended: EndReason = _still_allowed,
+    settled: Horizon = _everything_visible,
+    stopping: threading.Event = SERVER_STOPPING,
 ) -> Iterator[str]:
     """Server-Sent Events: ``id`` is the feed cursor, so a client reconnecting
     with ``Last-Event-ID`` resumes right after the last event it saw. The stream
@@ -92,14 +127,17 @@ def sse_stream(
     ``HEARTBEAT_SECONDS``: once it names a reason (the token was revoked, the
     workspace deleted) the stream says so in a last comment and ends, so a
     revocation reaches an open stream within one heartbeat, and no event read
-    after it is sent."""
+    after it is sent. Once ``stopping`` is set, it says so and ends at once."""
     deadline = time.monotonic() + max_seconds
     beat = checked = time.monotonic()
     cursor = after
     yield "retry: 1000\n\n"
     while True:
+        if stopping.is_set():
+            yield ": stream closed: server stopping\n\n"
+            return
         try:
-            items = read_feed(database, workspace_id, cursor, 100)
+            items = read_feed(database, workspace_id, cursor, 100, settled)
             now = time.monotonic()
             if items or now - checked >= HEARTBEAT_SECONDS:
                 checked = now
@@ -123,4 +161,4 @@ def sse_stream(
         if now - beat >= HEARTBEAT_SECONDS:
             beat = now
             yield ": keepalive\n\n"
-        time.sleep(min(poll_seconds, deadline - now))
+        stopping.wait(min(poll_seconds, deadline - now))

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import uuid
 
+from eventsourcing.utils import get_topic
+
 from kandev_es.application import Tasks, VersionConflict
 from kandev_es.domain.errors import DomainRuleBroken
 from kandev_es.domain.workspace import Workspace, workspace_id_for
 from kandev_es.errors import BadRequest, Conflict, WorkspaceExists, WorkspaceNotFound
-from kandev_es.storage.counters import ensure_counter
+from kandev_es.storage.counters import advance_counter, ensure_counter
 from kandev_es.storage.database import Database
 
 # Bounds the walk over a name's deleted incarnations (each one a load).
 MAX_INCARNATIONS = 1000
+OPENED_TOPIC = get_topic(Workspace.Opened)
 
 
 class WorkspaceService:
@@ -61,6 +64,12 @@ class WorkspaceService:
             return None
         return workspace
 
+    def list_live(self) -> list[Workspace]:
+        """Every live workspace, oldest first: a scan of the notification log for
+        workspace openings (few, rarely listed), then one read of them all."""
+        found = self._app.read_many(self._app.originators(OPENED_TOPIC))
+        return [w for w in found.values() if isinstance(w, Workspace) and not w.deleted]
+
     def set_wip_limit(self, workspace_id: uuid.UUID, limit: int | None) -> Workspace:
         def set_limit(workspace: Workspace | None) -> Workspace:
             if workspace is None:
@@ -74,6 +83,18 @@ class WorkspaceService:
         return self._app.retry_on_conflict(
             lambda: self.get(workspace_id), set_limit, contended="workspace is contended; retry"
         )
+
+    def advance_numbers(
+        self, by: int, only: uuid.UUID | None = None
+    ) -> list[tuple[Workspace, int]]:
+        """Move each live workspace's task numbering (or only ``only``'s) ``by``
+        past the last number issued; each with the lowest number it issues next."""
+        if by < 1:
+            raise BadRequest("advance the numbering by at least 1")
+        chosen = self.list_live() if only is None else [self.get(only)]
+        if None in chosen:
+            raise WorkspaceNotFound("workspace not found")
+        return [(w, advance_counter(self._database, w.id, by)) for w in chosen if w]
 
     def get_by_name(self, name: str) -> Workspace | None:
         return self._live(name)
