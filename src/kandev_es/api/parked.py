@@ -14,7 +14,7 @@ from flask_smorest import Blueprint
 from marshmallow import Schema, fields
 
 from kandev_es.api.context import path_uuid, principal, services
-from kandev_es.api.errors import ApiErrorSchema
+from kandev_es.api.errors import document_errors
 from kandev_es.domain.principal import require_operator
 from kandev_es.errors import BadRequest, IdentityNotFound
 from kandev_es.runtime.settle import SettleResult
@@ -68,21 +68,18 @@ class SettleResultSchema(ParkedCreationSchema):
     operation_id = fields.String(required=True)
 
 
-def _errors(*codes: int) -> Any:
-    def decorate(view: Any) -> Any:
-        for code in codes:
-            view = blp.alt_response(code, schema=ApiErrorSchema)(view)
-        return view
-
-    return decorate
-
-
 @blp.route("/workspaces/<workspace_id>/creations/parked")
 class ParkedList(MethodView):
-    @blp.doc(summary="Creations the recovery Runtime gave up on (operator token)")
     @blp.response(200, ParkedListSchema)
-    @_errors(400, 403, 404, 503)
+    @document_errors(blp, 400, 403, 404, 503)
     def get(self, workspace_id: str) -> dict[str, Any]:
+        """Creations the recovery Runtime gave up on (operator token)
+
+        Every unfinished creation of the workspace that the recovery Runtime
+        took over as often as it may and left to an operator, with why (its
+        last takeover's failure), its phase, epoch and each step's state with
+        full evidence. Settle each with retry or abort (docs/operations.md,
+        "Parked creations")."""
         workspace = path_uuid(workspace_id, "workspace id")
         require_operator(principal(), workspace, needing="listing parked creations")
         return {"items": services().parked().list(workspace)}
@@ -109,23 +106,31 @@ def _settle(action: str, workspace_id: str, identity_id: str) -> Any:
 
 @blp.route("/workspaces/<workspace_id>/creations/<identity_id>/retry")
 class ParkedRetry(MethodView):
-    @blp.doc(
-        summary="Retry a parked creation after a repair: a fresh series of takeovers",
-        parameters=[KEY, TENURE],
-    )
+    @blp.doc(parameters=[KEY, TENURE])
     @blp.response(200, SettleResultSchema)
-    @_errors(400, 403, 404, 409, 422, 503)
+    @document_errors(blp, 400, 403, 404, 409, 422, 503)
     def post(self, workspace_id: str, identity_id: str) -> Any:
+        """Retry a parked creation after a repair: a fresh series of takeovers
+
+        After repairing what the reason names: records RecoveryRenewed and
+        starts a fresh series of takeovers; the Runtime finishes the creation
+        at its next scan (or parks it again). The Idempotency-Key is the
+        operation id: a replay answers the same creation, marked
+        Idempotent-Replayed, and changes nothing."""
         return _settle("retry", workspace_id, identity_id)
 
 
 @blp.route("/workspaces/<workspace_id>/creations/<identity_id>/abort")
 class ParkedAbort(MethodView):
-    @blp.doc(
-        summary="Abort a parked creation: remove its effects (forcibly if need be), with evidence",
-        parameters=[KEY, TENURE],
-    )
+    @blp.doc(parameters=[KEY, TENURE])
     @blp.response(200, SettleResultSchema)
-    @_errors(400, 403, 404, 409, 422, 502, 503)
+    @document_errors(blp, 400, 403, 404, 409, 422, 502, 503)
     def post(self, workspace_id: str, identity_id: str) -> Any:
+        """Abort a parked creation: remove its effects, forcibly if need be
+
+        Records AbortForced, removes every effect the creation began (agent,
+        worktree, branch), forcibly where its compensation fails, each with
+        evidence, then Aborted: the identity is free. Not for a completing
+        creation (409). 502 compensation_unproven while an effect stays: repair
+        by hand and send the same call again (the Idempotency-Key finishes it)."""
         return _settle("abort", workspace_id, identity_id)
