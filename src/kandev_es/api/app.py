@@ -78,7 +78,19 @@ def _configure(app: Flask, settings: Settings) -> None:
         MAX_CONTENT_LENGTH=settings.max_body_bytes,
         JSON_SORT_KEYS=False,
         API_SPEC_OPTIONS={
-            "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
+            "components": {
+                "securitySchemes": {
+                    "bearer": {
+                        "type": "http",
+                        "scheme": "bearer",
+                        "description": (
+                            "Authorization: Bearer <token>: a workspace (member or operator) "
+                            "or admin token from `kandev-es token create`, or an agent "
+                            "run's credential on the run routes"
+                        ),
+                    }
+                }
+            },
             "security": [{"bearer": []}],
             "info": {
                 "description": (
