@@ -71,14 +71,15 @@ def register(main: click.Group) -> None:
     creations.add_command(
         _settle_command(
             "retry",
-            "Retry a parked creation after a repair: the Runtime takes it over afresh.",
+            "Retry the parked creation of identity IDENTITY_ID after a repair: the Runtime"
+            " takes it over afresh.",
         )
     )
     creations.add_command(
         _settle_command(
             "abort",
-            "Abort a parked creation: remove its branch, worktree, agent (forcibly if need be),"
-            " with evidence; the identity is then free.",
+            "Abort the parked creation of identity IDENTITY_ID: remove its branch, worktree,"
+            " agent (forcibly if need be), with evidence; the identity is then free.",
         )
     )
     main.add_command(creations)
