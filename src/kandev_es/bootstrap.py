@@ -224,6 +224,9 @@ def bootstrap(settings: Settings) -> Services:
         )
     app.inline = InlineViews()  # the read models, written in each save's transaction
     projections = ProjectionRunner(app, database, read_models())
+    notifier = getattr(app.recorder, "notifier", None)
+    if notifier is not None and not projections.asynchronous():
+        notifier.enabled = False  # nothing the loop does needs waking at each save
     tokens = TokenService(app, settings.run_token_ttl)
     # One driver for the creating request, workspace deletion and the Runtime;
     # agent launch gets its run credentials from the token service through it.
