@@ -15,10 +15,6 @@ What waitress lacks and this module adds, each small:
   request's first byte (waitress only closes a channel inactive for a while,
   which a byte a second never is), and a short idle time for a connection
   with no request; enforced in the server's maintenance, once a second;
-<<<<<<< HEAD
-- (the access line is the application's own: observability/middleware.py);
-=======
->>>>>>> main
 - limits on the request line, header fields and field bytes, and waitress'
   own error answers in the API's JSON error shape (http_limits.py);
 - a graceful stop that ends open event streams and lets running answers out.
