@@ -54,6 +54,8 @@ class Gunicorn:
         app: tuple[str, ...] = ("kandev_es.api:create_app()",),
         config: Path | None = REPO / "http" / "gunicorn.conf.py",
         options: tuple[str, ...] = (),
+        python: str = sys.executable,
+        cwd: Path = REPO,
     ) -> None:
         self.port = free_port()
         self.workers = workers
@@ -63,9 +65,9 @@ class Gunicorn:
         options = tuple(arg.format(port=self.port) for arg in options)
         with log.open("wb") as out:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "gunicorn", *configured, *options, *app],
+                [python, "-m", "gunicorn", *configured, *options, *app],
                 env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=out,
-                start_new_session=True, cwd=REPO,
+                start_new_session=True, cwd=cwd,
             )
         self.wait_healthy()
 
