@@ -79,6 +79,10 @@ class ProjectionRunner:
         self._inline_due = False  # an inline position moved and is not written yet
         self._inline_position = 0  # the position last written for them
 
+    def asynchronous(self) -> bool:
+        """Whether some projection is applied by this loop (not inline)."""
+        return not all(is_inline(p) for p in self.projections)
+
     def get(self, name: str) -> Projection:
         for projection in self.projections:
             if projection.name == name:

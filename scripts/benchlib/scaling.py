@@ -121,11 +121,14 @@ def lag_under_load(rounds: list[dict[str, Any]]) -> dict[str, Any] | None:
         "p99_ms": median_of("p99_ms"),
         "samples": sum(probe["samples"] for probe in probes),
         "missing": sum(probe["missing"] for probe in probes),
+        "not_listed_at_once": sum(probe.get("not_listed_at_once", 0) for probe in probes),
         "failed_requests": dict(failed),
         "rounds": len(probes),
         "note": f"while kandev-es takes the {LAG_CLIENTS}-client Created load, a thread of the"
         " bench creates its own tasks one at a time (20 ms apart) and times each from the HTTP"
-        " acknowledgement to its task.created feed row; those creates count in no rate."
+        " acknowledgement to its task.created in the feed over HTTP (GET .../events), and"
+        " lists the workspace's tasks by its external ID right after the acknowledgement"
+        " (not_listed_at_once: how many were not there); those creates count in no rate."
         " p50_ms and p99_ms are medians over the rounds (each round's own under 'rounds')",
     }
 

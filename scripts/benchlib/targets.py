@@ -22,6 +22,11 @@ HTTP_TARGET_CLIENTS = (16, 64)
 COMMITS_PER_CREATION_MAX = 2.0  # commits_per_op of the LAG_CLIENTS kandev cost row
 
 
+# Issue 34: one write transaction per creation without effects (its save; read
+# models inline, no NOTIFY): write_transactions_per_op of that cost row.
+WRITE_TRANSACTIONS_PER_CREATION_MAX = 1.0
+
+
 LAG_P99_MAX_MS = 20.0  # projection lag under the LAG_CLIENTS Created load
 
 
@@ -87,8 +92,19 @@ def scaling_targets(
         commits is not None and commits <= COMMITS_PER_CREATION_MAX, 1,
         f" (--cost-clients without {LAG_CLIENTS})",
     )
+    writes = None if cost is None else cost["write_transactions_per_op"]
+    result["write_transactions_per_creation"] = judged(
+        f"<= {WRITE_TRANSACTIONS_PER_CREATION_MAX}", writes,
+        writes is not None and writes <= WRITE_TRANSACTIONS_PER_CREATION_MAX, 1,
+        f" (--cost-clients without {LAG_CLIENTS})",
+    )
     lag = section.get("projection_lag_under_load") or {}
     p99 = lag.get("p99_ms")
+    unlisted = lag.get("not_listed_at_once")
+    result[f"listed_right_after_created_under_{LAG_CLIENTS}_client_load"] = judged(
+        "every sample", unlisted, unlisted == 0 and bool(lag.get("samples")),
+        lag.get("rounds", 0), f" (--scaling-clients without {LAG_CLIENTS})",
+    )
     result[f"projection_lag_p99_ms_under_{LAG_CLIENTS}_client_created_load"] = judged(
         f"<= {LAG_P99_MAX_MS}, none missing", p99,
         p99 is not None and p99 <= LAG_P99_MAX_MS and lag.get("missing") == 0,

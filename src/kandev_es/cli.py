@@ -15,6 +15,7 @@ from kandev_es.bootstrap import bootstrap, init_storage, store_exists
 from kandev_es.cli_agentctl import register as register_agentctl
 from kandev_es.cli_numbers import register as register_numbers
 from kandev_es.cli_ops import register as register_ops
+from kandev_es.cli_parked import register as register_parked
 from kandev_es.cli_tasks import register as register_tasks
 from kandev_es.cli_usage import (
     AT_LEAST_ONE,
@@ -250,7 +251,8 @@ def release(workspace: str, external_id: str, operation_id: str) -> None:
 @click.option(
     "--parked",
     is_flag=True,
-    help="list the unfinished creations taken over KANDEV_RECOVERY_ATTEMPTS times, then exit",
+    help="list the creations the Runtime parked, then exit (settle them with"
+    " 'kandev-es creations retry|abort')",
 )
 @store_options
 def runtime(once: bool, poll: float, parked: bool) -> None:
@@ -377,6 +379,7 @@ def mcp_server(over_http: bool, host: str, port: int) -> None:
 
 # projections rebuild, identity history, audit verify (operator/auditor tools)
 register_ops(main, projections)
+register_parked(main)
 register_agentctl(main)  # agentctl task create (inside an agent run)
 register_tasks(main, workspace)  # workspace list, task create/get/lookup (for people)
 register_numbers(workspace)  # workspace advance-numbers (after a dump restore)

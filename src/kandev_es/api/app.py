@@ -18,6 +18,7 @@ from kandev_es.api import (
     health,
     identities,
     office,
+    parked,
     resources,
     tasks,
     tokens,
@@ -122,6 +123,7 @@ def _register_blueprints(api: Api) -> None:
     api.register_blueprint(identities.blp)
     api.register_blueprint(office.blp)
     api.register_blueprint(agentctl.blp)
+    api.register_blueprint(parked.blp)
 
 
 def _instrument_requests(app: Flask) -> None:
