@@ -23,6 +23,7 @@ from kandev_es.services.attachments import AttachmentService
 from kandev_es.services.audit_links import AuditLinkService
 from kandev_es.services.auth import TokenService
 from kandev_es.services.creations import CreationStatusService
+from kandev_es.services.ledger import Sequencer, load_signer
 from kandev_es.services.release import ReleaseService
 from kandev_es.services.repositories import RepositoryService
 from kandev_es.services.tasks import TaskService
@@ -55,6 +56,8 @@ class Services:
     release: ReleaseService
     workspace_deletion: WorkspaceDeletionService
     audit_links: AuditLinkService
+    # The tamper-evident history's sequencer (services/ledger.py; docs/auditing.md).
+    ledger: Sequencer
 
     def runtime(self, owner_id: str | None = None) -> Runtime:
         """A recovery Runtime over these parts (``kandev-es runtime``, the app's thread)."""
@@ -71,6 +74,7 @@ class Services:
         )
 
     def close(self) -> None:
+        self.ledger.stop()
         self.projections.stop()
         self.database.close()
         self.app.close()
@@ -145,6 +149,7 @@ def init_storage(settings: Settings) -> Durability | None:
         database.close()
     app = Tasks(settings.with_overrides(create_tables=True))
     app.close()
+    load_signer(settings, create=True)  # the checkpoint key, made at first start (mode 0600)
     return found
 
 
@@ -191,4 +196,5 @@ def bootstrap(settings: Settings) -> Services:
             app, database, projections, settings, driver
         ),
         audit_links=AuditLinkService(app, settings.audit_link_seconds),
+        ledger=Sequencer(app, database, settings),
     )
