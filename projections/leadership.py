@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import logging
 import os
 import time
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import IO, Any, Protocol
 
 from kandev_es.storage.database import Database, PostgresDatabase, SQLiteDatabase
+from kandev_es.storage.setup_lock import advisory_key
 
 log = logging.getLogger("kandev_es.projections")
 RETRY_SECONDS = 1.0
@@ -48,8 +48,7 @@ class Leadership(Protocol):
 
 def lock_key(schema: str | None) -> tuple[int, int]:
     """The advisory lock of the leader for ``schema`` (pg_locks: classid, objid)."""
-    digest = hashlib.sha256((schema or "").encode()).digest()
-    return LOCK_CLASS, int.from_bytes(digest[:4], "big") >> 1  # a non-negative int4
+    return advisory_key(LOCK_CLASS, schema)
 
 
 def lock_path(database_path: Path) -> Path:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+
 from benchlib.common import load_average, say
 from benchlib.database import database, durability, with_schema
 from benchlib.in_process import in_process, transactions
@@ -22,7 +23,6 @@ from benchlib.recovery import recovery
 from benchlib.saves import store_saves
 from benchlib.scaling import scaling
 from benchlib.targets import scaling_targets, targets
-
 from kandev_es.bootstrap import Services, bootstrap
 from kandev_es.config import Settings, postgres_target
 

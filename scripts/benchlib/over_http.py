@@ -10,12 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+
 from benchlib.common import body, concurrent_rate, ratio, say
 from benchlib.database import connect, prepare_raw_key, raw_insert_tx, raw_select
 from benchlib.lag import projection_lag
 from benchlib.server import Client, Gunicorn, db_init, environment, poster
 from benchlib.storm import storm
-
 from kandev_es.bootstrap import Services
 from kandev_es.config import Settings
 

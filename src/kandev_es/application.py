@@ -40,7 +40,6 @@ class VersionConflict(InternalError):
     guarded save, to one of the streams it depended on)."""
 
 
-READ_CACHE_SIZE = 20000
 THREAD_COPIES = 512
 CONFLICT_ATTEMPTS = 8
 
@@ -56,7 +55,7 @@ class ReadCache:
     Lookups take no lock (a dict read is atomic); the oldest entry goes first
     when full (a hot aggregate evicted is only read once more from its stream)."""
 
-    def __init__(self, maxsize: int = READ_CACHE_SIZE, per_thread: int = THREAD_COPIES) -> None:
+    def __init__(self, maxsize: int, per_thread: int = THREAD_COPIES) -> None:
         self._maxsize = maxsize
         self._per_thread = per_thread
         self._items: dict[uuid.UUID, Aggregate] = {}
@@ -101,11 +100,15 @@ class ReadCache:
 # Recently used aggregates stay in memory and are fast-forwarded with the events
 # recorded since (one cheap query, nothing to decode when nothing changed), and
 # handed out as deep copies, so a failed save never pollutes the cache.
+# Its size: KANDEV_AGGREGATE_CACHE_SIZE (docs/operations.md: Worker memory).
 AGGREGATE_CACHE = {
-    "AGGREGATE_CACHE_MAXSIZE": "20000",
     "AGGREGATE_CACHE_FASTFORWARD": "y",
     "DEEPCOPY_FROM_AGGREGATE_CACHE": "y",
 }
+
+
+def aggregate_cache(settings: Settings) -> dict[str, str]:
+    return {**AGGREGATE_CACHE, "AGGREGATE_CACHE_MAXSIZE": str(settings.aggregate_cache_size)}
 
 
 def event_store_env(settings: Settings) -> dict[str, str]:
@@ -144,10 +147,10 @@ def event_store_env(settings: Settings) -> dict[str, str]:
             POSTGRES_ENABLE_DB_FUNCTIONS="n",
             CREATE_TABLE=create,
         )
-        env.update(AGGREGATE_CACHE)
+        env.update(aggregate_cache(settings))
         return env
     return {
-        **AGGREGATE_CACHE,
+        **aggregate_cache(settings),
         "PERSISTENCE_MODULE": SQLITE_FACTORY_TOPIC,
         "APPLICATION_RECORDER_TOPIC": SQLITE_RECORDER_TOPIC,
         "SQLITE_DBNAME": str(settings.sqlite_path),
@@ -170,7 +173,7 @@ class Tasks(Application):  # type: ignore[type-arg]
             reconnect_quickly()
             breaker = StoreBreaker()
         self.breaker = breaker
-        self._snapshots = ReadCache()
+        self._snapshots = ReadCache(settings.snapshot_cache_size)
         # PostgreSQL's recorder can draw an office number inside a read
         # (``read_and_draw``); SQLite's counter row is a statement of its own.
         self.draws_with_reads = hasattr(self.recorder, "select_streams_drawing")

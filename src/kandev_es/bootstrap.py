@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
+
+from eventsourcing.persistence import PersistenceError
 
 from kandev_es.application import Tasks
 from kandev_es.config import Settings, data_path
 from kandev_es.creation.driver import CreationDriver
 from kandev_es.creation.service import CreationService
-from kandev_es.errors import InvalidSetting, StoreUnavailable
+from kandev_es.errors import InvalidSetting, KandevError, SchemaSetupFailed, StoreUnavailable
 from kandev_es.projections.creations import CreationsProjection
 from kandev_es.projections.feeds import FeedsProjection
 from kandev_es.projections.identities import IdentitiesProjection
@@ -34,6 +37,7 @@ from kandev_es.storage.breaker import StoreBreaker
 from kandev_es.storage.database import Database, PostgresDatabase, SQLiteDatabase
 from kandev_es.storage.durability import Durability, durability
 from kandev_es.storage.schema import create_tables
+from kandev_es.storage.setup_lock import postgres_setup_lock, sqlite_setup_lock
 
 log = logging.getLogger("kandev_es")
 
@@ -138,7 +142,31 @@ def store_exists(settings: Settings) -> bool:
 
 def init_storage(settings: Settings) -> Durability | None:
     """Create every table once (``kandev-es db init``, and ``serve`` before
-    workers); on PostgreSQL, say whether a commit waits for a synchronous standby."""
+    workers); on PostgreSQL, say whether a commit waits for a synchronous standby.
+    Any number of processes may run it at once: one sets up at a time
+    (storage/setup_lock.py), the others then find everything there. What it
+    cannot do (no right to create, a data dir it cannot write) is one
+    SchemaSetupFailed naming the store and the reason."""
+    try:
+        with _setup_lock(settings):
+            return _set_up(settings)
+    except KandevError:
+        raise
+    except Exception as error:  # psycopg's or the OS's: the reason, on one line
+        if not _is_setup_error(error):
+            raise
+        reason = " ".join(str(error).split())
+        where = settings.location
+        raise SchemaSetupFailed(f"cannot set up the store at {where}: {reason}") from None
+
+
+def _setup_lock(settings: Settings) -> AbstractContextManager[None]:
+    if settings.postgres is not None:
+        return postgres_setup_lock(settings.postgres)
+    return sqlite_setup_lock(settings.sqlite_path)
+
+
+def _set_up(settings: Settings) -> Durability | None:
     database = open_database(settings)
     try:
         if isinstance(database, PostgresDatabase):
@@ -151,6 +179,17 @@ def init_storage(settings: Settings) -> Durability | None:
     app.close()
     load_signer(settings, create=True)  # the checkpoint key, made at first start (mode 0600)
     return found
+
+
+def _is_setup_error(error: Exception) -> bool:
+    # The library wraps the driver's errors in its own (PersistenceError).
+    if isinstance(error, (OSError, sqlite3.Error, PersistenceError)):
+        return True
+    try:
+        import psycopg
+    except ImportError:
+        return False
+    return isinstance(error, psycopg.Error)
 
 
 def bootstrap(settings: Settings) -> Services:

@@ -16,6 +16,7 @@ from kandev_es.bootstrap import bootstrap, init_storage, store_exists
 from kandev_es.cli_agentctl import register as register_agentctl
 from kandev_es.cli_ledger import backfill_ledger
 from kandev_es.cli_ops import register as register_ops
+from kandev_es.cli_tasks import register as register_tasks
 from kandev_es.cli_usage import (
     AT_LEAST_ONE,
     PORT,
@@ -23,6 +24,7 @@ from kandev_es.cli_usage import (
     OneLineUsage,
     name_store,
     open_store,
+    require_free_address,
     resolvable_host,
     store_options,
     store_settings,
@@ -102,7 +104,7 @@ def db_init() -> None:
 
 @main.group()
 def workspace() -> None:
-    """Workspaces."""
+    """Workspaces: create, list."""
 
 
 @workspace.command("create")
@@ -137,7 +139,7 @@ def token() -> None:
 )
 @store_options
 def token_create(workspace: str | None, admin: bool, label: str, role: str) -> None:
-    """Issue a token and print it once as JSON."""
+    """Issue a token and print it once as JSON, with its id (what revoke takes)."""
     if admin == (workspace is not None):
         raise click.UsageError("give exactly one of --workspace or --admin")
     services = open_store()
@@ -147,10 +149,10 @@ def token_create(workspace: str | None, admin: bool, label: str, role: str) -> N
             target = workspace_id(services, workspace)
             if services.workspaces.get(target) is None:
                 raise click.ClickException(f"no workspace {workspace}")
-        secret, _ = services.tokens.issue(
+        secret, issued = services.tokens.issue(
             workspace_id=target, admin=admin, label=label, role=role
         )
-        _emit({"token": secret})
+        _emit({"id": str(issued.token_id), "token": secret})  # the id is what revoke takes
     finally:
         services.close()
 
@@ -267,6 +269,7 @@ def runtime(once: bool, poll: float, parked: bool) -> None:
                         "task_id": creation.task_id,
                         "phase": creation.phase,
                         "epoch": creation.epoch,
+                        "reason": creation.reason,
                     }
                 )
             click.echo(f"runtime: {len(left)} creations parked")
@@ -327,6 +330,7 @@ def serve(host: str, port: int, workers: int | None, threads: int) -> None:
     """
     from kandev_es.server import first_start, run_server
 
+    require_free_address(host, port)  # before the store and the first-start token
     settings = store_settings()
     found = init_storage(settings)  # in the parent, before any worker starts
     name_store(settings)
@@ -371,6 +375,7 @@ def mcp_server(over_http: bool, host: str, port: int) -> None:
 # projections rebuild, identity history, audit verify (operator/auditor tools)
 register_ops(main, projections)
 register_agentctl(main)  # agentctl task create (inside an agent run)
+register_tasks(main, workspace)  # workspace list, task create/get/lookup (for people)
 
 
 def _whole_summaries(group: click.Group) -> None:

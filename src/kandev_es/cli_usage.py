@@ -45,6 +45,23 @@ def resolvable_host(ctx: click.Context, param: click.Parameter, value: str) -> s
     return value
 
 
+def require_free_address(host: str, port: int) -> None:
+    """The server can listen on ``host``:``port`` (bound as it binds: with
+    SO_REUSEADDR), checked before anything starts; else one line naming the
+    address and exit 1 (gunicorn would retry for 5 s, then name no reason)."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+    except OSError as error:
+        where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        reason = error.strerror or str(error)
+        raise click.ClickException(f"cannot listen on {where}: {reason}") from None
+
+
 class OneLineUsage(click.Group):
     """The top-level group: click's own handling, except that a usage error
     prints a single ``Error: …`` line naming the command's --help."""

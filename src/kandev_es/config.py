@@ -30,6 +30,18 @@ class Settings:
     body_timeout: float = 30.0
     idle_timeout: float = 5.0
     max_connections: int = 2048
+    # What a request's head may hold (gunicorn's defaults): the request line
+    # (414 past it), header fields and bytes per field (431 past either).
+    max_request_line: int = 4094
+    max_header_fields: int = 100
+    max_header_field_bytes: int = 8190
+    # Bytes of a request body a worker holds in memory while it arrives; the rest
+    # goes to a temporary file (docs/security.md: Input limits and streams).
+    body_memory_bytes: int = 16384
+    # Aggregates a worker keeps in memory (docs/operations.md: Worker memory):
+    # snapshots for reads, and the event store library's aggregate cache.
+    snapshot_cache_size: int = 20_000
+    aggregate_cache_size: int = 20_000
     projection_poll_seconds: float = 0.2
     # None: the CLI picks (WARNING for one-shot commands, INFO for serve).
     log_level: str | None = None
@@ -267,6 +279,13 @@ INT_SETTINGS: dict[str, tuple[int, int]] = {
     "KANDEV_POOL_SIZE": (1, 1_000),
     "KANDEV_MAX_BODY_BYTES": (1, 1 << 30),
     "KANDEV_MAX_CONNECTIONS": (1, 1_000_000),
+    # Within waitress' 256 KiB for the request line and headers together.
+    "KANDEV_MAX_REQUEST_LINE": (64, 262_144),
+    "KANDEV_MAX_HEADER_FIELDS": (1, 10_000),
+    "KANDEV_MAX_HEADER_FIELD_BYTES": (64, 262_144),
+    "KANDEV_BODY_MEMORY_BYTES": (1_024, 1 << 30),
+    "KANDEV_SNAPSHOT_CACHE_SIZE": (1, 10_000_000),
+    "KANDEV_AGGREGATE_CACHE_SIZE": (1, 10_000_000),
     "KANDEV_PG_CONNECT_TIMEOUT": (1, 3_600),
     "KANDEV_MAX_STREAMS": (0, 4_096),
     "KANDEV_MAX_STREAMS_PER_TOKEN": (0, 4_096),
@@ -344,6 +363,16 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         body_timeout=_seconds(env, "KANDEV_BODY_TIMEOUT", 30.0),
         idle_timeout=_seconds(env, "KANDEV_IDLE_TIMEOUT", 5.0),
         max_connections=_int(env, "KANDEV_MAX_CONNECTIONS", 2048),
+        max_request_line=_int(env, "KANDEV_MAX_REQUEST_LINE", Settings.max_request_line),
+        max_header_fields=_int(env, "KANDEV_MAX_HEADER_FIELDS", Settings.max_header_fields),
+        max_header_field_bytes=_int(
+            env, "KANDEV_MAX_HEADER_FIELD_BYTES", Settings.max_header_field_bytes
+        ),
+        body_memory_bytes=_int(env, "KANDEV_BODY_MEMORY_BYTES", Settings.body_memory_bytes),
+        snapshot_cache_size=_int(env, "KANDEV_SNAPSHOT_CACHE_SIZE", Settings.snapshot_cache_size),
+        aggregate_cache_size=_int(
+            env, "KANDEV_AGGREGATE_CACHE_SIZE", Settings.aggregate_cache_size
+        ),
         projection_poll_seconds=_seconds(env, "KANDEV_PROJECTION_POLL_SECONDS", 0.2),
         log_level=env.get("KANDEV_LOG_LEVEL") or None,
         lease_seconds=_seconds(env, "KANDEV_LEASE_SECONDS", 30.0),

@@ -267,6 +267,18 @@ class PayloadTooLarge(KandevError):
     code = "payload_too_large"
 
 
+class RequestLineTooLong(KandevError):
+    """The request line is over KANDEV_MAX_REQUEST_LINE bytes (the HTTP server's answer)."""
+
+    code = "request_line_too_long"
+
+
+class HeaderFieldsTooLarge(KandevError):
+    """Too many header fields, or one too long (the HTTP server's answer)."""
+
+    code = "header_fields_too_large"
+
+
 class EffectFailed(KandevError):
     """An effect outside the event store (git, the agent process) failed, or
     could not be proven, so the creation aborted."""
@@ -322,6 +334,13 @@ class StoreUnavailable(Unavailable):
     code = "store_unavailable"
 
 
+class SchemaSetupFailed(Unavailable):
+    """``db init`` could not create what the store needs (no right to create in
+    the database or schema, a data dir it cannot write)."""
+
+    code = "schema_setup_failed"
+
+
 class CreationHandedOver(Unavailable):
     """A newer epoch (the recovery Runtime) took over the caller's creation."""
 
@@ -352,6 +371,8 @@ HTTP_STATUS: dict[type[KandevError], int] = {
     Conflict: 409,
     RevisionMismatch: 412,
     PayloadTooLarge: 413,
+    RequestLineTooLong: 414,
+    HeaderFieldsTooLarge: 431,
     ValidationFailed: 422,
     TooMany: 429,
     EffectFailed: 502,

@@ -17,12 +17,13 @@ What waitress lacks and this module adds, each small:
   with no request; enforced in the server's maintenance, once a second;
 - the access line (gthread wrote it): the same gunicorn logger, so the same
   format and redaction (kandev_es.access_log);
-- waitress' own error answers (400, 413, 431) in the API's JSON error shape.
+- limits on the request line, header fields and field bytes, and waitress'
+  own error answers in the API's JSON error shape (http_limits.py);
+- a graceful stop that ends open event streams and lets running answers out.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import resource
 import time
@@ -34,10 +35,9 @@ from gunicorn.workers.base import Worker
 from waitress import wasyncore
 from waitress.channel import HTTPChannel
 from waitress.server import BaseWSGIServer, create_server
-from waitress.task import ErrorTask
 
 from kandev_es.config import Settings
-from kandev_es.errors import BadRequest, KandevError, PayloadTooLarge
+from kandev_es.http_limits import HEAD_BYTES, HeadLimits, JsonErrorTask, limited_parser
 
 # Seconds the worker's loop waits for I/O at most between heartbeats and
 # checks of `alive` (gunicorn's SIGTERM); maintenance runs once a second.
@@ -82,42 +82,22 @@ class TimedChannel(HTTPChannel):  # type: ignore[misc]
         return idle > timeouts.idle
 
 
-class JsonErrorTask(ErrorTask):  # type: ignore[misc]
-    """waitress' parser errors (400 malformed, 413 too large, 431 headers too
-    large) answered in the API's error shape instead of waitress' text."""
-
-    def execute(self) -> None:
-        error = self.request.error
-        known: KandevError
-        if error.code == 413:
-            known = PayloadTooLarge("request body is too large")
-        elif error.code == 400:
-            known = BadRequest(f"malformed request: {error.body}")
-        else:
-            known = KandevError(str(error.body))
-            known.code = str(error.reason).lower().replace(" ", "_")
-        body = json.dumps(known.to_dict()).encode()
-        self.status = f"{error.code} {error.reason}"
-        self.response_headers.append(("Content-Type", "application/json"))
-        self.set_close_on_finish()
-        self.content_length = len(body)
-        self.write(body)
-
-
-TimedChannel.error_task_class = JsonErrorTask
-
-
-def _bound(server: BaseWSGIServer, timeouts: Timeouts) -> None:
-    """A server made by waitress.create_server, with our channels and a
-    maintenance (waitress calls it every cleanup_interval) that closes
-    overdue connections instead of only long-inactive ones."""
+def _bound(server: BaseWSGIServer, timeouts: Timeouts, limits: HeadLimits) -> None:
+    """A server made by waitress.create_server, with our channels (our head
+    limits, JSON errors) and a maintenance (waitress calls it every
+    cleanup_interval) that closes overdue connections instead of only
+    long-inactive ones."""
 
     def maintenance(now: float) -> None:
         for channel in list(server.active_channels.values()):
             if channel.overdue(now, timeouts):
                 channel.will_close = True
 
-    server.channel_class = TimedChannel
+    server.channel_class = type(
+        "KandevChannel",
+        (TimedChannel,),
+        {"parser_class": limited_parser(limits), "error_task_class": JsonErrorTask},
+    )
     server.maintenance = maintenance
 
 
@@ -194,32 +174,11 @@ class WaitressWorker(Worker):  # type: ignore[misc]
     def run(self) -> None:
         settings = self.settings
         _raise_descriptor_limit(settings.max_connections + 64)
-        server = create_server(
-            access_logged(self.wsgi, self.log),
-            sockets=[listener.sock for listener in self.sockets],
-            threads=self.cfg.threads,
-            connection_limit=settings.max_connections,
-            # Our maintenance enforces the header, body and idle times; this one
-            # bounds an answer left unread (seconds without a byte taken).
-            channel_timeout=60,
-            cleanup_interval=1,
-            asyncore_use_poll=True,
-            asyncore_loop_timeout=1,
-            # KANDEV_MAX_BODY_BYTES is allowed, one byte more is not (waitress: >=).
-            max_request_body_size=settings.max_body_bytes + 1,
-            ident="kandev-es",
-            # No proxy is trusted: forwarded headers are dropped, the scheme is http.
-            trusted_proxy=None,
-            clear_untrusted_proxy_headers=True,
-            url_scheme="http",
-            expose_tracebacks=False,
-            log_socket_errors=False,
-        )
+        server = self._server(settings)
         socket_map = server._map if isinstance(server, BaseWSGIServer) else server.map
         servers = [s for s in socket_map.values() if isinstance(s, BaseWSGIServer)]
-        timeouts = Timeouts(settings)
         for each in servers:
-            _bound(each, timeouts)
+            _bound(each, Timeouts(settings), HeadLimits(settings))
         try:
             while self.alive:
                 self.notify()
@@ -232,16 +191,55 @@ class WaitressWorker(Worker):  # type: ignore[misc]
             servers[0].task_dispatcher.shutdown(cancel_pending=True, timeout=1)
             wasyncore.close_all(socket_map)
 
+    def _server(self, settings: Settings) -> Any:
+        return create_server(
+            access_logged(self.wsgi, self.log),
+            sockets=[listener.sock for listener in self.sockets],
+            threads=self.cfg.threads,
+            connection_limit=settings.max_connections,
+            # Our maintenance enforces the header, body and idle times; this one
+            # bounds an answer left unread (seconds without a byte taken).
+            channel_timeout=60,
+            cleanup_interval=1,
+            asyncore_use_poll=True,
+            asyncore_loop_timeout=1,
+            # KANDEV_MAX_BODY_BYTES is allowed, one byte more is not (waitress: >=).
+            max_request_body_size=settings.max_body_bytes + 1,
+            # A body arriving is held in memory up to this, then in a temporary
+            # file: connections holding unfinished bodies cost little memory.
+            inbuf_overflow=settings.body_memory_bytes,
+            max_request_header_size=HEAD_BYTES,
+            ident="kandev-es",
+            # No proxy is trusted: forwarded headers are dropped, the scheme is http.
+            trusted_proxy=None,
+            clear_untrusted_proxy_headers=True,
+            url_scheme="http",
+            expose_tracebacks=False,
+            log_socket_errors=False,
+        )
+
     def _drain(self, servers: list[BaseWSGIServer], socket_map: dict[int, Any]) -> None:
-        """Graceful stop (SIGTERM): accept nothing more, let the requests being
-        served finish for gunicorn's graceful_timeout (less a second, before the
-        master's SIGKILL), the I/O thread still sending their answers."""
+        """Graceful stop (SIGTERM): accept nothing more, end open event streams
+        at once (a last comment: their clients reconnect elsewhere), close each
+        connection once it has nothing running or left to send, and let the
+        requests being served finish and their answers go out -- for gunicorn's
+        graceful_timeout less two seconds, so the worker exits before the
+        master's SIGKILL."""
+        from kandev_es.services.feeds import end_open_streams
+
+        end_open_streams()
         for each in servers:
             each.accepting = False  # its readable() is False from now on
-        deadline = time.monotonic() + max(1, self.cfg.graceful_timeout - 1)
-        while time.monotonic() < deadline and any(
-            channel.requests for each in servers for channel in each.active_channels.values()
-        ):
+        deadline = time.monotonic() + max(1, self.cfg.graceful_timeout - 2)
+        while time.monotonic() < deadline:
+            busy = False
+            for channel in (c for each in servers for c in each.active_channels.values()):
+                if channel.requests or channel.total_outbufs_len:
+                    busy = True
+                else:
+                    channel.will_close = True  # idle, or its answer all sent
+            if not busy:
+                return
             self.notify()
             wasyncore.loop(timeout=0.2, map=socket_map, use_poll=True, count=1)
 

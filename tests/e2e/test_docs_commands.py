@@ -1,4 +1,5 @@
-"""Every command of the README's tour and of docs/getting-started.md is run, in
+"""Every command of the README's tour, of docs/getting-started.md and of the home
+page's quickstart (docs/index.md) is run, in
 order, against a real `kandev-es serve` started as "Run it" starts it (the
 embedded default, the data dir ./.kandev-es of the directory the commands run
 in), with the variables the tour's setup block defines (BASE, TOKEN, WS) set from
@@ -20,12 +21,12 @@ import re
 import subprocess
 import sys
 import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from kandev_es.config import Settings
+from tests.support.pages import blocks
 from tests.support.served import ServedProcess
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,28 +43,6 @@ VARYING = {
     "…": ".*",
 }
 AUDIT_LINK = re.compile(r"http://127\.0\.0\.1:\d+/audit/identities\?\S+")
-
-
-@dataclass
-class Block:
-    language: str
-    text: str
-    marker: str  # the line right before the opening fence
-    line: int
-
-
-def blocks(page: Path) -> list[Block]:
-    found, lines, index = [], page.read_text(encoding="utf-8").splitlines(), 0
-    while index < len(lines):
-        fence = re.match(r"^```(\w*)\s*$", lines[index])
-        if not fence:
-            index += 1
-            continue
-        end = next(i for i in range(index + 1, len(lines)) if lines[i].startswith("```"))
-        marker = lines[index - 1].strip() if index else ""
-        found.append(Block(fence.group(1), "\n".join(lines[index + 1 : end]), marker, index + 1))
-        index = end + 1
-    return found
 
 
 def pattern(expected: str) -> re.Pattern[str]:
@@ -122,15 +101,18 @@ def run_page(page: Path, server: ServedProcess, cwd: Path) -> int:
     return ran
 
 
-@pytest.mark.parametrize("page", ["README.md", "docs/getting-started.md"])
-def test_every_command_of_the_page_runs_and_prints_what_it_shows(page, tmp_path):
+@pytest.mark.parametrize(
+    ("page", "at_least"),
+    [("README.md", 5), ("docs/getting-started.md", 5), ("docs/index.md", 2)],
+)
+def test_every_command_of_the_page_runs_and_prints_what_it_shows(page, at_least, tmp_path):
     clone = tmp_path / "clone"
     clone.mkdir()
     server = ServedProcess(Settings(data_dir=clone / ".kandev-es"), tmp_path)
     try:
         assert server.first_start
         ran = run_page(ROOT / page, server, clone)
-        assert ran >= 5, f"only {ran} commands found on {page}"
+        assert ran >= at_least, f"only {ran} commands found on {page}"
     finally:
         server.stop()
 

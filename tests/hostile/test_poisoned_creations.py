@@ -22,7 +22,7 @@ from kandev_es.domain.workspace import Workspace
 from tests.integration.helpers import branches, crash_create, make_git_repository
 from tests.support.served import ServedProcess, http
 
-BOUND = event_bound(1, Settings.step_attempts, Settings.recovery_attempts)
+BOUND = event_bound(1, Settings.step_attempts, Settings.recovery_attempts, resumes=0)
 
 
 @pytest.fixture

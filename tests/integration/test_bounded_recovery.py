@@ -89,7 +89,8 @@ def test_a_step_never_proven_is_aborted_within_the_bound_and_the_next_creation_r
     assert elapsed < 60
     key = identity_id(workspace.id, "P-1")
     events = identity_events(services, key)
-    assert len(events) <= event_bound(1, settings.step_attempts, settings.recovery_attempts)
+    bound = event_bound(1, settings.step_attempts, settings.recovery_attempts, resumes=0)
+    assert len(events) <= bound
     assert events.count("StepRecorded") <= 3 * settings.step_attempts + 2
     identity = services.app.load(key, Identity)
     tenure = identity.tenure(1)
@@ -159,7 +160,7 @@ def test_a_creation_whose_recovery_always_fails_neither_blocks_the_scan_nor_loop
     events = identity_events(services, key)
     assert tenure.epoch == attempts
     assert events.count("RecoveryClaimed") == attempts
-    assert len(events) <= event_bound(1, settings.step_attempts, attempts)
+    assert len(events) <= event_bound(1, settings.step_attempts, attempts, resumes=0)
     # The last takeover gave it up (Aborting); its compensation cannot remove
     # the corrupted worktree either, so it is parked where operators see it.
     assert (tenure.phase, tenure.abort_reason) == ("aborting", ABANDONED_REASON)

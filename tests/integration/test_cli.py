@@ -93,7 +93,7 @@ def test_help_shows_whole_summaries(tmp_path):
 
     settings = Settings(data_dir=tmp_path / "data")
     groups = [(), ("db",), ("projections",), ("identity",), ("audit",), ("agentctl",),
-              ("agentctl", "task"), ("token",), ("workspace",)]
+              ("agentctl", "task"), ("token",), ("workspace",), ("task",)]
     for group in groups:
         result = _run(settings, *group, "--help")
         assert result.returncode == 0, result.stderr

@@ -94,3 +94,21 @@ def test_lookup_reports_unsettled_creation(client, services, workspace, member):
     found = client.get(url, query_string={"external_id": "LOOK-3"}, headers=bearer(secret))
     assert found.status_code == 200
     assert found.json["creation_complete"] is False
+
+
+def test_lookup_takes_the_workspace_name_as_the_cli_does(client, services, workspace, member):
+    _, secret = member
+    other = services.workspaces.open("other", "OTH")
+    other_workspace_secret, _ = services.tokens.issue(workspace_id=other.id, admin=False)
+    created = create(client, secret, external_id="LOOK-N", title="t")
+    by_name = f"/api/v1/workspaces/{workspace.name}/tasks/by-external-id"
+    found = client.get(by_name, query_string={"external_id": "LOOK-N"}, headers=bearer(secret))
+    assert found.status_code == 200 and found.json["id"] == created.json["id"]
+    # Another workspace's token, nobody, or a name no workspace has: the same 404.
+    for headers, path in [
+        (bearer(other_workspace_secret), by_name),
+        ({}, by_name),
+        (bearer(secret), "/api/v1/workspaces/no-such-workspace/tasks/by-external-id"),
+    ]:
+        answer = client.get(path, query_string={"external_id": "LOOK-N"}, headers=headers)
+        assert answer.status_code == 404 and answer.json == {"error": "task not found"}

@@ -56,6 +56,18 @@ def test_a_revoked_token_is_refused_on_its_next_request(client, services, admin,
     assert [r["revoked"] for r in listed if r["id"] == str(who.token_id)] == [True]
 
 
+def test_an_issued_token_answers_with_the_id_its_revocation_takes(client, admin, workspace):
+    issued = client.post(
+        "/api/v1/tokens", json={"workspace_id": str(workspace.id)}, headers=bearer(admin[1])
+    )
+    assert issued.status_code == 201, issued.json
+    path = f"/api/v1/workspaces/{workspace.id}"
+    assert client.get(path, headers=bearer(issued.json["token"])).status_code == 200
+    gone = client.delete(f"/api/v1/tokens/{issued.json['id']}", headers=bearer(admin[1]))
+    assert gone.status_code == 204
+    assert client.get(path, headers=bearer(issued.json["token"])).status_code == 404
+
+
 def test_token_routes_are_admin_only_and_unknown_is_404(client, services, admin, workspace):
     target, victim = services.tokens.issue(workspace_id=workspace.id, admin=False)
     operator, _ = services.tokens.issue(workspace_id=workspace.id, admin=False, role="operator")
@@ -77,11 +89,12 @@ def test_token_routes_are_admin_only_and_unknown_is_404(client, services, admin,
 def test_cli_list_and_revoke(cli, settings):
     assert cli("db", "init").exit_code == 0
     workspace = json.loads(cli("workspace", "create", "ops").stdout.strip().splitlines()[-1])
-    secret = json.loads(cli("token", "create", "--workspace", workspace["id"]).stdout)["token"]
+    issued = json.loads(cli("token", "create", "--workspace", workspace["id"]).stdout)
+    secret, token_id = issued["token"], issued["id"]  # printed together: what revoke takes
     listed = [json.loads(line) for line in cli("token", "list").stdout.splitlines()]
     assert len(listed) == 1 and listed[0]["role"] == "member" and not listed[0]["revoked"]
+    assert listed[0]["id"] == token_id
     assert secret not in json.dumps(listed)
-    token_id = listed[0]["id"]
     first = cli("token", "revoke", token_id)
     assert first.exit_code == 0 and json.loads(first.stdout)["revoked"] is True
     assert cli("token", "revoke", token_id).exit_code == 0

@@ -4,12 +4,12 @@ talks the real wire protocol to a real server through it.
 
 - ``cut()`` / ``restore()``: an outage. Every open connection is closed and
   new ones are refused (accepted, then closed at once) until restored.
-- ``lose_answer(marker)``: the next client message containing ``marker`` (a
+- ``lose_answer(*markers)``: the next client message containing a marker (a
   save's event topic, sent in the clear in its Bind message) is forwarded;
   the server executes and commits it, and the proxy swallows its answer up to
   and including ReadyForQuery (sent only after the commit) and closes the
   connection instead: a save that committed and whose answer was lost.
-- ``cut_after(marker)``: the answer to that message is delivered, then the
+- ``cut_after(*markers)``: the answer to that message is delivered, then the
   outage starts (``cut()``): the save succeeded, everything after it fails.
 
 Connections must not use TLS (the URL gets ``sslmode=disable``)."""
@@ -46,7 +46,7 @@ class PgProxy:
         self._lock = threading.Lock()
         self._pairs: list[_Pair] = []
         self._down = False
-        self._trap: tuple[bytes, str] | None = None
+        self._trap: tuple[tuple[bytes, ...], str] | None = None
         self.sprung = threading.Event()
         self._closed = False
         threading.Thread(target=self._accept, daemon=True).start()
@@ -75,16 +75,16 @@ class PgProxy:
         with self._lock:
             self._down = False
 
-    def lose_answer(self, marker: bytes) -> None:
-        self._arm(marker, "lose")
+    def lose_answer(self, *markers: bytes) -> None:
+        self._arm(markers, "lose")
 
-    def cut_after(self, marker: bytes) -> None:
-        self._arm(marker, "cut")
+    def cut_after(self, *markers: bytes) -> None:
+        self._arm(markers, "cut")
 
-    def _arm(self, marker: bytes, kind: str) -> None:
+    def _arm(self, markers: tuple[bytes, ...], kind: str) -> None:
         with self._lock:
             self.sprung.clear()
-            self._trap = (marker, kind)
+            self._trap = (markers, kind)
 
     def close(self) -> None:
         self._closed = True
@@ -120,7 +120,7 @@ class PgProxy:
             while data := pair.client.recv(CHUNK):
                 with self._lock:
                     trap = self._trap
-                    if trap is not None and trap[0] in data:
+                    if trap is not None and any(marker in data for marker in trap[0]):
                         pair.trapped, self._trap = trap[1], None
                 pair.server.sendall(data)
         except OSError:

@@ -1,7 +1,9 @@
 """The documentation site (mkdocs.yml, docs/): it builds with ``mkdocs build
 --strict`` — a broken link or anchor, a page missing from the nav or a nav entry
-without a page fails —, its API page lists every route of http/openapi.json, and
-its configuration table has one row for every setting the code reads, no more."""
+without a page fails —, its API page lists every route of http/openapi.json, its
+command reference has a heading for every click command, no page loads anything
+from another host, and its configuration table has one row for every setting the
+code reads, no more."""
 
 from __future__ import annotations
 
@@ -12,7 +14,11 @@ import re
 import shutil
 import subprocess
 import sys
+from html.parser import HTMLParser
 from pathlib import Path
+
+import click
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -26,15 +32,101 @@ def build(root: Path, site: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_the_site_builds_strict_and_lists_every_openapi_route(tmp_path):
-    done = build(ROOT, tmp_path / "site")
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    built = tmp_path_factory.mktemp("docs") / "site"
+    done = build(ROOT, built)
     assert done.returncode == 0, done.stderr
-    api_page = (tmp_path / "site" / "api" / "index.html").read_text(encoding="utf-8")
+    return built
+
+
+def test_the_site_builds_strict_and_lists_every_openapi_route(site):
+    api_page = (site / "api" / "index.html").read_text(encoding="utf-8")
     spec = json.loads((ROOT / "http" / "openapi.json").read_text(encoding="utf-8"))
     for path in spec["paths"]:
         assert f"<code>{path}</code>" in api_page, path
-    published = json.loads((tmp_path / "site" / "openapi.json").read_text(encoding="utf-8"))
+    published = json.loads((site / "openapi.json").read_text(encoding="utf-8"))
     assert published == spec
+
+
+def test_the_api_reference_shows_every_operation_with_its_schemas(site):
+    page = (site / "api-reference" / "index.html").read_text(encoding="utf-8")
+    spec = json.loads((ROOT / "http" / "openapi.json").read_text(encoding="utf-8"))
+    headings = {
+        re.sub(r"<[^>]+>|&para;", "", heading).strip()
+        for heading in re.findall(r"<h3[^>]*>(.*?)</h3>", page)
+    }
+    for path, item in spec["paths"].items():
+        for method in item.keys() & {"get", "post", "put", "patch", "delete"}:
+            assert f"{method.upper()} {path}" in headings, f"{method.upper()} {path}"
+    assert "CreateTaskRequest" in page and "ApiError" in page
+
+
+def command_paths(group: click.Group, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    found = []
+    for name, command in group.commands.items():
+        found.append((*prefix, name))
+        if isinstance(command, click.Group):
+            found.extend(command_paths(command, (*prefix, name)))
+    return found
+
+
+def test_the_command_reference_has_a_heading_for_every_command(site):
+    from kandev_es.cli import main
+
+    page = (site / "cli" / "index.html").read_text(encoding="utf-8")
+    headings = set(re.findall(r'<h[1-6] id="([^"]+)"', page))
+    paths = command_paths(main)
+    assert len(paths) > 10
+    missing = [" ".join(path) for path in paths if "-".join(("kandev-es", *path)) not in headings]
+    assert missing == [], f"commands without a heading on the CLI page: {missing}"
+
+
+class Loads(HTMLParser):
+    """Every URL a page makes the browser fetch by itself (not the links one clicks)."""
+
+    FETCHED = {"script": "src", "img": "src", "iframe": "src", "source": "src",
+               "audio": "src", "video": "src", "image": "href", "use": "href"}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.urls: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        values = dict(attrs)
+        if tag == "link":
+            self.urls.append(values.get("href") or "")
+        elif tag in self.FETCHED:
+            self.urls.append(values.get(self.FETCHED[tag]) or values.get("xlink:href") or "")
+        style = values.get("style") or ""
+        self.urls.extend(re.findall(r"url\(([^)]*)\)", style))
+
+
+def external(url: str) -> bool:
+    url = url.strip().strip("'\"")
+    return bool(re.match(r"^(?:[a-z][a-z0-9+.-]*:)?//", url, flags=re.I))
+
+
+def test_no_page_or_stylesheet_loads_anything_from_another_host(site):
+    offending = []
+    for page in site.rglob("*.html"):
+        parser = Loads()
+        parser.feed(page.read_text(encoding="utf-8"))
+        offending += [f"{page.relative_to(site)}: {url}" for url in parser.urls if external(url)]
+    for sheet in site.rglob("*.css"):
+        text = sheet.read_text(encoding="utf-8")
+        for url in re.findall(r"@import\s+[\"']([^\"']+)|url\(([^)]*)\)", text):
+            if any(external(part) for part in url):
+                offending.append(f"{sheet.relative_to(site)}: {url}")
+    assert offending == []
+
+
+def test_a_page_loading_a_font_from_another_host_is_reported():
+    parser = Loads()
+    parser.feed('<link rel="stylesheet" href="https://fonts.googleapis.com/css?family=Roboto">'
+                '<a href="https://example.org/">a link is not a load</a>')
+    assert [url for url in parser.urls if external(url)] == [
+        "https://fonts.googleapis.com/css?family=Roboto"]
 
 
 def test_a_broken_link_or_a_page_left_out_of_the_nav_fails_the_build(tmp_path):

@@ -32,7 +32,8 @@ LAYERS: tuple[tuple[tuple[str, ...], ...], ...] = (
     # through api/ (which would build the whole Flask app): the two never import
     # each other.
     (("api",), ("agentctl",), ("client",), ("mcp",)),
-    (("cli", "cli_ops", "cli_agentctl", "cli_ledger", "cli_usage", "server", "http_worker"),),
+    (("cli", "cli_ops", "cli_agentctl", "cli_ledger", "cli_tasks", "cli_usage", "server",
+      "http_worker", "http_limits"),),
 )
 
 

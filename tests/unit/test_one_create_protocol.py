@@ -1,7 +1,8 @@
 """The create protocol is one implementation: only domain/creation.py builds a
 claim's Task (``Task.create``) and claims an identity for it, only the creation
 service calls that, and every entry point creates through
-``CreationService.create`` (agentctl through api/office.py). A second path
+``CreationService.create`` (agentctl through api/office.py, the CLI's
+``task create`` directly). A second path
 written anywhere fails here."""
 
 from __future__ import annotations
@@ -48,4 +49,5 @@ def test_every_entry_point_creates_through_the_one_service():
         "api/tasks.py",
         "api/office.py",
         "mcp/handlers.py",
+        "cli_tasks.py",
     }

@@ -10,7 +10,13 @@ from flask import current_app, request
 
 from kandev_es.bootstrap import Services
 from kandev_es.domain.principal import Principal, Unconfirmed
-from kandev_es.errors import BadRequest, MalformedJson, ValidationFailed, WorkspaceNotFound
+from kandev_es.errors import (
+    BadRequest,
+    KandevError,
+    MalformedJson,
+    ValidationFailed,
+    WorkspaceNotFound,
+)
 from kandev_es.limits import parse_json_body
 from kandev_es.services.auth import bearer_of
 
@@ -77,6 +83,23 @@ def path_uuid(value: str, what: str = "id") -> uuid.UUID:
         return uuid.UUID(value)
     except ValueError:
         raise BadRequest(f"{what} must be a UUID") from None
+
+
+def path_workspace(value: str, unseen: KandevError) -> uuid.UUID:
+    """A workspace in a path, by id or by name (the live workspace of that name,
+    as the CLI's ``--workspace`` takes it). Asked by nobody, or of a name no
+    workspace has, it raises ``unseen``: the route's not-found answer, the
+    same one an unauthorized caller gets, so a name reveals nothing."""
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        pass
+    if principal() is None:
+        raise unseen
+    named = services().workspaces.get_by_name(value)
+    if named is None:
+        raise unseen
+    return named.id
 
 
 def require_admin() -> Principal:

@@ -16,6 +16,7 @@ from kandev_es.api.context import (
     json_object,
     own_task_principal,
     path_uuid,
+    path_workspace,
     principal,
     services,
 )
@@ -105,10 +106,17 @@ class TaskCreate(MethodView):
         return create_answer(result)  # the documented schema's dump, built here
 
 
+BY_ID_OR_NAME = (
+    "`workspace_id` is the workspace's id or its name (the live workspace of that name); "
+    "an unknown name answers as an unknown id does."
+)
+
+
 @blp.route("/workspaces/<workspace_id>/tasks/by-external-id")
 class TaskLookup(MethodView):
     @blp.doc(
         summary="What holds this external ID? No side effects, ever.",
+        description=BY_ID_OR_NAME,
         parameters=[
             {"name": "external_id", "in": "query", "required": True, "schema": {"type": "string"}}
         ],
@@ -116,7 +124,7 @@ class TaskLookup(MethodView):
     @blp.response(200, LookupResponseSchema)
     @_document_errors(400, 404, 503)
     def get(self, workspace_id: str) -> dict[str, Any]:
-        workspace = path_uuid(workspace_id, "workspace id")
+        workspace = path_workspace(workspace_id, TaskNotFound("task not found"))
         who = principal()
         if who is None or not who.may_act_on(workspace):
             raise TaskNotFound("task not found")
@@ -124,15 +132,14 @@ class TaskLookup(MethodView):
         found = services().creation.lookup(workspace, external_id)
         if found is None:
             raise TaskNotFound("task not found")
-        body = dict(found.task)
-        body["creation_complete"] = found.outcome.creation_complete
-        return body
+        return found.to_lookup_response()
 
     @blp.doc(
         summary=(
             "Operator release of an identity by stable operation id. A manual action: "
             "never an automatic recovery for creation_complete=false."
         ),
+        description=BY_ID_OR_NAME,
         parameters=[
             {"name": "external_id", "in": "query", "required": True, "schema": {"type": "string"}},
             {
@@ -147,7 +154,7 @@ class TaskLookup(MethodView):
     @blp.response(200, ReleaseResponseSchema)
     @_document_errors(400, 404, 422, 503)
     def delete(self, workspace_id: str) -> Any:
-        workspace = path_uuid(workspace_id, "workspace id")
+        workspace = path_workspace(workspace_id, TaskNotFound("task not found"))
         who = require_operator(principal(), workspace, TaskNotFound("task not found"))
         result = services().release.release(
             workspace,

@@ -27,6 +27,7 @@ class TokenCreateSchema(Schema):
 
 
 class TokenSchema(Schema):
+    id = fields.UUID(required=True, metadata={"description": "what DELETE /tokens/<id> takes"})
     token = fields.String(required=True, metadata={"description": "shown once; stored hashed"})
     admin = fields.Boolean(required=True)
     workspace_id = fields.UUID(allow_none=True)
@@ -80,8 +81,8 @@ class TokenCollection(MethodView):
             role=body["role"],
         )
         return {
-            "token": secret, "admin": issued.admin, "workspace_id": issued.workspace_id,
-            "role": issued.role,
+            "id": issued.token_id, "token": secret, "admin": issued.admin,
+            "workspace_id": issued.workspace_id, "role": issued.role,
         }
 
 

@@ -50,22 +50,31 @@ from kandev_es.errors import (
 
 log = logging.getLogger("kandev_es.creation")
 MAX_PASSES = 50
+# How often the Runtime resumes one takeover that store outages stopped
+# before it counts as spent (a store that keeps coming and going).
+MAX_RESUMES = 20
 
 
-def event_bound(steps: int, step_attempts: int, recovery_attempts: int) -> int:
-    """The most events one tenure can add to its identity's stream, with
-    ``steps`` steps, KANDEV_STEP_ATTEMPTS and KANDEV_RECOVERY_ATTEMPTS.
+def event_bound(
+    steps: int, step_attempts: int, recovery_attempts: int, resumes: int = MAX_RESUMES
+) -> int:
+    """The most events one tenure can add to its identity's stream in one
+    series of takeovers, with ``steps`` steps, KANDEV_STEP_ATTEMPTS,
+    KANDEV_RECOVERY_ATTEMPTS and ``resumes`` (MAX_RESUMES).
 
     A pass over the steps records at most 3 per step (started, unknown,
     succeeded) and 2 more (a missing proof, or failed + Aborting, or
     Completing). Passes that record something: at most step_attempts - 1 that
     end at a missing proof, one that ends in Aborting or Completing, one cut
-    short by an error in each of the 1 + recovery_attempts drives, and 2 that a
-    concurrent release or workspace deletion can interrupt. Besides: Claimed,
-    one RecoveryClaimed per takeover, at most one compensated per step plus
-    Aborted, Completed, and the 2 operator events (Released, deletion)."""
-    passes = (step_attempts - 1) + 1 + (1 + recovery_attempts) + 2
-    return 1 + recovery_attempts + passes * (3 * steps + 2) + (steps + 1) + 1 + 2
+    short by an error in each of the 1 + recovery_attempts drives and in each
+    of their resumes after a store outage, and 2 that a concurrent release or
+    workspace deletion can interrupt. Besides: Claimed, one RecoveryClaimed per
+    takeover, at most one compensated per step plus Aborted, Completed,
+    Parked, and the 2 operator events (Released, deletion). An operator's
+    retry or abort starts anew from here."""
+    drives = (1 + recovery_attempts) * (1 + resumes)
+    passes = (step_attempts - 1) + 1 + drives + 2
+    return 1 + recovery_attempts + passes * (3 * steps + 2) + (steps + 1) + 1 + 1 + 2
 
 
 class Fenced(InternalError):

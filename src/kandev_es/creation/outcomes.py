@@ -54,6 +54,13 @@ class CreateResult:
             body["advice"] = UNSETTLED_ADVICE
         return body
 
+    def to_lookup_response(self) -> dict[str, Any]:
+        """The lookup's answer (REST and CLI): the task holding the identity and
+        whether its creation finished."""
+        body = dict(self.task)
+        body["creation_complete"] = self.outcome.creation_complete
+        return body
+
 
 class CreateTaskResponseSchema(TaskSchema):
     outcome = fields.String(required=True, validate=validate.OneOf([o.value for o in Outcome]))

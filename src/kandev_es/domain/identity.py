@@ -50,6 +50,12 @@ class Tenure:
     deletion_generation: int | None = None
     outcome: str | None = None
     steps: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Takeovers by the recovery Runtime in the current series: the bound
+    # (KANDEV_RECOVERY_ATTEMPTS) counts these; an operator's retry starts a
+    # new series. The epoch, the fencing token, only ever grows.
+    takeovers: int = 0
+    # Why the Runtime stopped taking it over (its last takeover's failure).
+    parked_reason: str | None = None
     # How often a proof was found missing before Completing (each one means
     # the step runs again): derived from the StepRecorded events, bounded by
     # the driver (KANDEV_STEP_ATTEMPTS).
@@ -175,6 +181,13 @@ class Identity(Aggregate):
             lease_expires_at=lease_expires_at,
         )
         return epoch
+
+    def park(self, tenure: int, reason: str) -> None:
+        """The Runtime's last takeover of the series failed: it leaves the
+        creation to an operator, saying why."""
+        if not self.tenure(tenure).in_flight:
+            raise DomainRuleBroken("only an unfinished creation can be parked")
+        self.trigger_event(self.Parked, tenure=tenure, reason=reason)
 
     def begin_completing(self, tenure: int) -> None:
         if self.tenure(tenure).phase != PREPARING:
@@ -306,6 +319,14 @@ class Identity(Aggregate):
             tenure.epoch = self.epoch
             tenure.owner_id = self.owner_id
             tenure.lease_expires_at = self.lease_expires_at
+            tenure.takeovers += 1
+
+    class Parked(Aggregate.Event):
+        tenure: int
+        reason: str
+
+        def apply(self, aggregate: Identity) -> None:
+            aggregate.tenures[self.tenure].parked_reason = self.reason
 
     class Completing(Aggregate.Event):
         tenure: int

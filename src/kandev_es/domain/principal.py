@@ -25,16 +25,27 @@ class Principal:
     run_id: str | None = None
     task_id: uuid.UUID | None = None
     role: str = MEMBER
+    # Set only for the local CLI (``LOCAL_CLI``), which has no token: what its
+    # acts are recorded as.
+    local_actor: str | None = None
 
     @property
     def actor(self) -> str:
-        return f"token:{self.token_id}"
+        return self.local_actor or f"token:{self.token_id}"
 
     def may_act_on(self, workspace_id: uuid.UUID) -> bool:
         return self.admin or self.workspace_id == workspace_id
 
     def is_operator_of(self, workspace_id: uuid.UUID) -> bool:
         return self.admin or (self.role == OPERATOR and self.workspace_id == workspace_id)
+
+
+# The local CLI reaches the store directly, with the store's own credentials
+# (which already allow everything): it acts on every workspace, with no token,
+# and its acts are recorded as "cli" (as its release records them).
+LOCAL_CLI = Principal(
+    token_id=uuid.UUID(int=0), admin=True, workspace_id=None, role=OPERATOR, local_actor="cli"
+)
 
 
 def principal_of(token: object, token_hash: str) -> Principal | None:

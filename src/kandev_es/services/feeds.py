@@ -8,6 +8,7 @@ client saved stays valid across rebuilds.
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -29,6 +30,16 @@ EndReason = Callable[[], str | None]
 
 def _still_allowed() -> str | None:
     return None
+
+
+# Set once, when this process stops serving (the worker's SIGTERM): every open
+# stream sends a last comment and ends at once, so its client reconnects to a
+# server that stays and the worker's drain is not held for a stream's life.
+SERVER_STOPPING = threading.Event()
+
+
+def end_open_streams() -> None:
+    SERVER_STOPPING.set()
 
 
 @dataclass(frozen=True)
@@ -83,6 +94,7 @@ def sse_stream(
     max_seconds: float,
     poll_seconds: float = 0.5,
     ended: EndReason = _still_allowed,
+    stopping: threading.Event = SERVER_STOPPING,
 ) -> Iterator[str]:
     """Server-Sent Events: ``id`` is the feed cursor, so a client reconnecting
     with ``Last-Event-ID`` resumes right after the last event it saw. The stream
@@ -92,12 +104,15 @@ def sse_stream(
     ``HEARTBEAT_SECONDS``: once it names a reason (the token was revoked, the
     workspace deleted) the stream says so in a last comment and ends, so a
     revocation reaches an open stream within one heartbeat, and no event read
-    after it is sent."""
+    after it is sent. Once ``stopping`` is set, it says so and ends at once."""
     deadline = time.monotonic() + max_seconds
     beat = checked = time.monotonic()
     cursor = after
     yield "retry: 1000\n\n"
     while True:
+        if stopping.is_set():
+            yield ": stream closed: server stopping\n\n"
+            return
         try:
             items = read_feed(database, workspace_id, cursor, 100)
             now = time.monotonic()
@@ -123,4 +138,4 @@ def sse_stream(
         if now - beat >= HEARTBEAT_SECONDS:
             beat = now
             yield ": keepalive\n\n"
-        time.sleep(min(poll_seconds, deadline - now))
+        stopping.wait(min(poll_seconds, deadline - now))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import uuid
 
+from eventsourcing.utils import get_topic
+
 from kandev_es.application import Tasks, VersionConflict
 from kandev_es.domain.errors import DomainRuleBroken
 from kandev_es.domain.workspace import Workspace, workspace_id_for
@@ -13,6 +15,7 @@ from kandev_es.storage.database import Database
 
 # Bounds the walk over a name's deleted incarnations (each one a load).
 MAX_INCARNATIONS = 1000
+OPENED_TOPIC = get_topic(Workspace.Opened)
 
 
 class WorkspaceService:
@@ -60,6 +63,12 @@ class WorkspaceService:
         if workspace is None or workspace.deleted:
             return None
         return workspace
+
+    def list_live(self) -> list[Workspace]:
+        """Every live workspace, oldest first: a scan of the notification log for
+        workspace openings (few, rarely listed), then one read of them all."""
+        found = self._app.read_many(self._app.originators(OPENED_TOPIC))
+        return [w for w in found.values() if isinstance(w, Workspace) and not w.deleted]
 
     def set_wip_limit(self, workspace_id: uuid.UUID, limit: int | None) -> Workspace:
         def set_limit(workspace: Workspace | None) -> Workspace:

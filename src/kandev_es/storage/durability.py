@@ -8,7 +8,7 @@ lost, so the primary goes on alone and ``durable`` turns false."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kandev_es.storage.database import Database
@@ -21,7 +21,8 @@ QUERY = (
     " current_setting('synchronous_standby_names'),"
     " pg_is_in_recovery(),"
     " (SELECT count(*) FROM pg_stat_replication WHERE sync_state IN ('sync', 'quorum')),"
-    " (SELECT count(*) FROM pg_stat_replication WHERE sync_state IS NULL)"
+    " (SELECT count(*) FROM pg_stat_replication WHERE sync_state IS NULL),"
+    " quote_ident(current_user)"
 )
 
 
@@ -33,9 +34,13 @@ class Durability:
     # pg_stat_replication's sync_state (it needs pg_read_all_stats).
     synchronous_standbys: int | None
     durable: bool | None
+    # The role that asked: the grant to run names it. Not in /readyz's answer.
+    role: str = field(default="", repr=False)
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        found = asdict(self)
+        del found["role"]
+        return found
 
     def describe(self) -> str:
         if self.durable:
@@ -43,8 +48,10 @@ class Durability:
                     f" ({self.synchronous_standby_names}), synchronous_commit="
                     f"{self.synchronous_commit}")
         if self.durable is None:
-            return ("durability unknown: this role cannot read pg_stat_replication.sync_state"
-                    f" (grant pg_read_all_stats); synchronous_commit={self.synchronous_commit}")
+            return (f"durability unknown: role {self.role} cannot read"
+                    " pg_stat_replication.sync_state; as a superuser run:"
+                    f" GRANT pg_read_all_stats TO {self.role};"
+                    f" (synchronous_commit={self.synchronous_commit})")
         standbys = self.synchronous_standbys or 0
         why = (f"synchronous_commit={self.synchronous_commit}"
                if self.synchronous_commit not in WAITS_FOR_STANDBY
@@ -58,7 +65,7 @@ def durability(database: Database) -> Durability | None:
     if database.backend != "postgres":
         return None
     with database.transaction() as tx:
-        commit, names, in_recovery, sync, hidden = tx.execute(QUERY)[0]
+        commit, names, in_recovery, sync, hidden, role = tx.execute(QUERY)[0]
     standbys = None if hidden else int(sync)
     if in_recovery:
         durable: bool | None = False
@@ -66,4 +73,4 @@ def durability(database: Database) -> Durability | None:
         durable = None
     else:
         durable = standbys > 0 and str(commit) in WAITS_FOR_STANDBY
-    return Durability(str(commit), str(names), standbys, durable)
+    return Durability(str(commit), str(names), standbys, durable, str(role))

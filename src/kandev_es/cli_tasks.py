@@ -1,0 +1,226 @@
+"""Commands for people at a terminal: `workspace list` and `task create / get /
+lookup`. Each calls the service the REST route calls (`task create` is the one
+create protocol, CreationService.create, as POST /api/v1/tasks) and prints a
+table; with --json it prints what that route answers, on one line, for scripts.
+
+The local CLI reaches the store directly with no token (domain/principal.py
+LOCAL_CLI): it may act on every workspace, and its creates are recorded as "cli"."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+import click
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from kandev_es.cli_usage import open_store, store_options, workspace_id
+from kandev_es.creation.outcomes import CreateTaskResponseSchema
+from kandev_es.domain.external_id import require_external_id
+from kandev_es.domain.principal import LOCAL_CLI
+from kandev_es.errors import KandevError
+from kandev_es.views import task_dto, workspace_dto
+
+_CREATE_ANSWER = CreateTaskResponseSchema()
+# What a reader looks for first in a task; the other fields follow in the API's order.
+_FIRST = ("outcome", "identifier", "title", "state", "external_id", "id", "workspace_id")
+
+json_option = click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="print the JSON the REST API answers (one line, for scripts) instead of a table",
+)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, list | tuple):
+        return ", ".join(str(item) for item in value) or "-"
+    if isinstance(value, Mapping):
+        return json.dumps(value)
+    return str(value)
+
+
+def _refused(error: KandevError) -> click.ClickException:
+    """A refusal as one line: the REST error code, its message, and the fields
+    it names (what REST puts in ``details``)."""
+    parts = [error.message if error.code == error.message else f"{error.code}: {error.message}"]
+    fields = error.details.get("fields")
+    if isinstance(fields, Mapping):
+        parts += [f"{name}: {_cell(messages)}" for name, messages in fields.items()]
+    elif "field" in error.details:
+        parts.append(f"field {error.details['field']}")
+    return click.ClickException("; ".join(parts))
+
+
+def _print(table: Table) -> None:
+    # No highlighting: a table piped to a file or a pager stays plain text.
+    Console(highlight=False).print(table)
+
+
+def _show(data: Mapping[str, Any], as_json: bool) -> None:
+    """One object: its JSON on one line, or a two-column table of its fields."""
+    if as_json:
+        click.echo(json.dumps(data))
+        return
+    table = Table(box=box.SIMPLE, show_header=False, pad_edge=False)
+    table.add_column("field", style="bold", no_wrap=True)
+    table.add_column("value", overflow="fold")
+    keys = [key for key in _FIRST if key in data] + [key for key in data if key not in _FIRST]
+    for key in keys:
+        table.add_row(key, _cell(data[key]))
+    _print(table)
+
+
+@click.command("list")
+@json_option
+@store_options
+def workspace_list(as_json: bool) -> None:
+    """List the live workspaces (deleted ones are left out), oldest first.
+
+    The table shows name, id, task prefix, WIP limit (wip) and registered repositories;
+    --json prints a JSON array of workspaces as GET /api/v1/workspaces/{id}
+    answers each one."""
+    services = open_store()
+    try:
+        listed = [workspace_dto(found) for found in services.workspaces.list_live()]
+    finally:
+        services.close()
+    if as_json:
+        click.echo(json.dumps(listed))
+        return
+    table = Table(box=box.SIMPLE, pad_edge=False)
+    table.add_column("name", overflow="fold", min_width=8)
+    table.add_column("id", no_wrap=True, min_width=36)  # a UUID is copied whole
+    for column in ("prefix", "wip", "repositories"):
+        table.add_column(column, overflow="fold")
+    for found in listed:
+        table.add_row(
+            found["name"], found["id"], found["task_prefix"],
+            _cell(found["wip_limit"]), _cell(sorted(found["repositories"])),
+        )
+    _print(table)
+
+
+@click.group()
+def task() -> None:
+    """Tasks: create one (idempotent by --external-id), read one by id, look one
+    up by external ID."""
+
+
+@task.command("create", short_help="Create a task; a retry with the same --external-id finds it.")
+@click.option("--workspace", required=True, help="workspace (id or name) the task goes in")
+@click.option("--title", required=True, help="the task's title (1 to 500 characters)")
+@click.option(
+    "--external-id",
+    default=None,
+    help="your system's stable id for this task (e.g. JIRA-1): a create with an id that a "
+    "task already holds returns that task instead of making another",
+)
+@click.option("--description", default=None, help="free text [default: empty]")
+@click.option("--workflow", default=None, help="workflow name [default: default]")
+@click.option(
+    "--workflow-step", default=None, help="step of the workflow [default: its first step]"
+)
+@click.option("--parent", "parent_id", default=None, help="parent task id: a subtask of it")
+@click.option(
+    "--repository",
+    "repositories",
+    multiple=True,
+    help="a repository registered in the workspace, by name, to give the task a worktree "
+    "of (repeat for several)",
+)
+@json_option
+@store_options
+def task_create(
+    workspace: str,
+    title: str,
+    external_id: str | None,
+    description: str | None,
+    workflow: str | None,
+    workflow_step: str | None,
+    parent_id: str | None,
+    repositories: tuple[str, ...],
+    as_json: bool,
+) -> None:
+    """Create a task through the create protocol, as POST /api/v1/tasks does.
+
+    With --external-id a retry returns the same task (outcome found_settled)
+    instead of a second one. Every outcome exits 0; outcome found_unsettled
+    means another create holds the identity and has not finished: use that
+    task, never release the identity and create again. A refused create is
+    one line on stderr and exit 1."""
+    services = open_store()
+    try:
+        body: dict[str, Any] = {"workspace_id": str(workspace_id(services, workspace)),
+                                "title": title}
+        for name, value in (
+            ("external_id", external_id), ("description", description), ("workflow", workflow),
+            ("workflow_step", workflow_step), ("parent_id", parent_id),
+        ):
+            if value is not None:
+                body[name] = value
+        if repositories:
+            body["repositories"] = list(repositories)
+        result = services.creation.create(LOCAL_CLI, body)
+    except KandevError as error:
+        raise _refused(error) from None
+    finally:
+        services.close()
+    _show(_CREATE_ANSWER.dump(result.to_response()), as_json)
+
+
+@task.command("get")
+@click.argument("task_id")
+@json_option
+@store_options
+def task_get(task_id: str, as_json: bool) -> None:
+    """Show a task by its id, as GET /api/v1/tasks/{id} answers it (from the
+    event store: no projection lag)."""
+    try:
+        wanted = uuid.UUID(task_id)
+    except ValueError:
+        raise click.BadParameter("not a UUID", param_hint="TASK_ID") from None
+    services = open_store()
+    try:
+        found = task_dto(services.tasks.get(LOCAL_CLI, wanted))
+    except KandevError as error:
+        raise _refused(error) from None
+    finally:
+        services.close()
+    _show(found, as_json)
+
+
+@task.command("lookup", short_help="Show the task holding an external ID (no side effects).")
+@click.option("--workspace", required=True, help="workspace (id or name)")
+@click.option("--external-id", required=True, help="the external ID to look up")
+@json_option
+@store_options
+def task_lookup(workspace: str, external_id: str, as_json: bool) -> None:
+    """Show the task holding an external ID and whether its creation finished
+    (creation_complete), as GET /api/v1/workspaces/{id}/tasks/by-external-id
+    answers. Changes nothing. No task holds it: one line on stderr, exit 1."""
+    try:
+        wanted = require_external_id(external_id)
+    except KandevError as error:
+        raise click.BadParameter(error.message, param_hint="--external-id") from None
+    services = open_store()
+    try:
+        target = workspace_id(services, workspace)
+        found = services.creation.lookup(target, wanted)
+    finally:
+        services.close()
+    if found is None:
+        raise click.ClickException(f"no task holds {wanted!r} in workspace {target}")
+    _show(found.to_lookup_response(), as_json)
+
+
+def register(main: click.Group, workspace: click.Group) -> None:
+    workspace.add_command(workspace_list)
+    main.add_command(task)
