@@ -92,16 +92,9 @@ loglevel = (os.environ.get("KANDEV_LOG_LEVEL") or "info").lower()
 
 
 def post_fork(server: object, worker: object) -> None:
-    """Give the application's loggers (kandev_es.*) a stderr handler in each
-    worker; `kandev-es serve` does the same through its CLI."""
-    import logging
-    import sys
+    """Give the application's log lines (kandev_es.*, the access line) a stderr
+    handler in each worker, text or JSON (KANDEV_LOG_FORMAT), redacted, with
+    each request's id; `kandev-es serve` does the same through its CLI."""
+    from kandev_es.observability import logs
 
-    logger = logging.getLogger("kandev_es")
-    if not logger.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(
-            logging.Formatter("%(asctime)s [%(process)d] %(levelname)s %(name)s %(message)s")
-        )
-        logger.addHandler(handler)
-        logger.setLevel(loglevel.upper())
+    logs.configure(loglevel, load_settings().log_format)

@@ -16,6 +16,7 @@ from kandev_es.storage.tables import TableSet
 
 class CreationsProjection(TableSet):
     name = "creations"
+    inline = True  # written in each save (projections/inline.py); replayed by rebuilds
     tables = ("creations_view",)
     topics = event_topics(Identity)
 

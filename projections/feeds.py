@@ -45,8 +45,31 @@ def feed_source(workspace_id: object) -> str:
     return f"kandev-es/workspaces/{workspace_id}"
 
 
+def feed_kind(event: Any, was_active: bool) -> str | None:
+    """The feed entry a Task event makes (None: none), ``was_active``: the
+    task was active just before it (module docstring)."""
+    if isinstance(event, Task.Activated | Task.CreatedActive):
+        return TASK_CREATED
+    if was_active and isinstance(event, UPDATES):
+        return TASK_UPDATED
+    return None
+
+
+def feed_row(event: Any, kind: str, dto: dict[str, Any]) -> tuple[Any, ...]:
+    """A feed row after its position: (workspace, id, type, subject, timestamp, data)."""
+    return (
+        dto["workspace_id"],
+        str(feed_event_id(event.originator_id, event.originator_version)),
+        kind,
+        str(event.originator_id),
+        event.timestamp.isoformat(),
+        json.dumps(dto),
+    )
+
+
 class FeedsProjection(TableSet):
     name = "feeds"
+    inline = True  # written in each save (projections/inline.py); replayed by rebuilds
     tables = ("feed_events", "feed_tasks")
     topics = event_topics(Task)
 
@@ -69,11 +92,7 @@ class FeedsProjection(TableSet):
             dto = advance(states, event)
             if dto is None:
                 continue
-            kind = None
-            if isinstance(event, Task.Activated | Task.CreatedActive):
-                kind = TASK_CREATED
-            elif was_active and isinstance(event, UPDATES):
-                kind = TASK_UPDATED
+            kind = feed_kind(event, was_active)
             if kind is not None:
                 rows.append(self._row(event, position, kind, dto, backend))
         self._write(tx, rows, {k: states.get(k) for k in changed}, backend)
@@ -82,14 +101,15 @@ class FeedsProjection(TableSet):
     def _row(
         event: Any, position: int, kind: str, dto: dict[str, Any], backend: str
     ) -> tuple[Any, ...]:
+        workspace, event_id, kind, subject, timestamp, data = feed_row(event, kind, dto)
         return (
             position,
-            db_id(uuid.UUID(dto["workspace_id"]), backend),
-            db_id(feed_event_id(event.originator_id, event.originator_version), backend),
+            db_id(uuid.UUID(workspace), backend),
+            db_id(uuid.UUID(event_id), backend),
             kind,
-            db_id(event.originator_id, backend),
-            event.timestamp.isoformat(),
-            json.dumps(dto),
+            db_id(uuid.UUID(subject), backend),
+            timestamp,
+            data,
         )
 
     def _load(

@@ -28,6 +28,7 @@ _PHASES: dict[type, str] = {
 
 class IdentitiesProjection(TableSet):
     name = "identities"
+    inline = True  # written in each save (projections/inline.py); replayed by rebuilds
     tables = ("identities_view",)
     topics = event_topics(Identity)
 

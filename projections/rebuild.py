@@ -17,7 +17,7 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from kandev_es.projections.base import Rebuildable
 from kandev_es.projections.runner import ProjectionRunner
@@ -39,6 +39,7 @@ class RebuildResult:
     position: int
     applied: int
     seconds: float
+    paused_seconds: float = 0.0  # how long saves waited for the switch
 
     @property
     def events_per_second(self) -> float:
@@ -143,8 +144,13 @@ def rebuild(
     lock = " FOR UPDATE" if backend == "postgres" else ""
     runner.checkpoint()
     with runner.database.transaction() as tx:
+        # The switch: saves wait (they write the live tables inline) while the
+        # new tables take the events committed since the replay's last pass
+        # and become the live ones; the saves then go on into them.
+        paused = time.monotonic()
+        _pause_writes(tx, runner)
         tx.execute("SELECT position FROM projection_tracking WHERE name = ?" + lock, (name,))
-        while read := runner.apply_pending(tx, fresh, tracking, batch_size):
+        while read := runner.apply_pending(tx, fresh, tracking, batch_size, writes_paused=True):
             applied += read
         position = _position(tx, tracking)
         for table in live.tables:
@@ -155,9 +161,20 @@ def rebuild(
             (name, position),
         )
         tx.execute("DELETE FROM projection_tracking WHERE name = ?", (tracking,))
+    paused = time.monotonic() - paused
     if progress is not None:
         progress(position, position, applied)
-    return RebuildResult(name, position, applied, time.monotonic() - started)
+    return RebuildResult(name, position, applied, time.monotonic() - started, paused)
+
+
+def _pause_writes(tx: Transaction, runner: ProjectionRunner) -> None:
+    """Hold every save until ``tx`` ends. PostgreSQL: the events table in
+    EXCLUSIVE mode (reads go on; it waits for the saves under way, whose
+    rows then all count); SQLite: ``tx`` already holds the one write lock."""
+    if runner.database.backend != "postgres":
+        return
+    table = cast(Any, runner.app.recorder).events_table_sql
+    tx.execute(f"LOCK TABLE {table} IN EXCLUSIVE MODE")
 
 
 def _position(tx: Transaction, tracking: str) -> int:

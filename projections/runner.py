@@ -37,6 +37,16 @@ GATHER_SECONDS = 0.005
 # a pass only reads the head; a full look still happens this often, so a
 # tracking row changed by hand elsewhere is noticed.
 IDLE_RECHECK_SECONDS = 1.0
+# An inline projection (``inline = True``: written in each save's transaction,
+# projections/inline.py) is never applied here; a pass only moves its tracked
+# position up to the settled head, at most this often, so the tracking rows
+# say how far the read models are complete without a commit per pass.
+INLINE_TRACKING_SECONDS = 0.5
+
+
+def is_inline(projection: Projection) -> bool:
+    """Written in each save's transaction (projections/inline.py), not here."""
+    return bool(getattr(projection, "inline", False))
 
 
 class ProjectionRunner:
@@ -65,6 +75,9 @@ class ProjectionRunner:
         self._pass = threading.local()
         self._idle_head: int | None = None  # head all projections reached, last full pass
         self._idle_until = 0.0
+        self._inline_written = 0.0  # when inline positions were last written
+        self._inline_due = False  # an inline position moved and is not written yet
+        self._inline_position = 0  # the position last written for them
 
     def get(self, name: str) -> Projection:
         for projection in self.projections:
@@ -78,8 +91,13 @@ class ProjectionRunner:
         return int(rows[0][0]) if rows else 0
 
     def lag(self) -> dict[str, int]:
+        """Events committed but not yet in each read model: none for an
+        inline projection (its rows commit with their events)."""
         head = self.app.max_notification_id()
-        return {p.name: max(head - self.position(p.name), 0) for p in self.projections}
+        return {
+            p.name: 0 if is_inline(p) else max(head - self.position(p.name), 0)
+            for p in self.projections
+        }
 
     def run_once(self, raise_errors: bool = True) -> int:
         """Apply one batch to every projection; return how many events were read.
@@ -99,6 +117,8 @@ class ProjectionRunner:
             self._pass.decoded = {}
             try:
                 for projection in self.projections:
+                    if is_inline(projection):
+                        continue
                     try:
                         with self.database.transaction() as tx:
                             read += self.apply_pending(
@@ -106,6 +126,8 @@ class ProjectionRunner:
                             )
                     except Exception as error:
                         failures[projection.name] = error
+                if not failures:
+                    self._track_inline(failures)
             finally:
                 self._pass.decoded = None
         for name in set(self.failures) - set(failures):
@@ -124,7 +146,40 @@ class ProjectionRunner:
         projection. An event committing later takes a higher id (one below the
         head still open would have kept a projection below it), so the head
         moves first."""
+        if self._inline_due and now >= self._inline_written + INLINE_TRACKING_SECONDS:
+            return False
         return self._idle_head == self.head and now < self._idle_until
+
+    def _track_inline(self, failures: dict[str, Exception]) -> None:
+        """Move the inline projections' positions to the settled head: every
+        event up to there is in their read models (written with it)."""
+        inline = [p.name for p in self.projections if is_inline(p)]
+        if not inline:
+            return
+        try:
+            settled = cast(Any, self.app.recorder).read_settled(self.head, 0).position
+        except Exception as error:
+            failures["inline"] = error
+            return
+        for name in inline:
+            self.reached[name] = max(self.reached.get(name, 0), settled)
+        self._inline_due = settled > self._inline_position
+        now = time.monotonic()
+        if not self._inline_due or now < self._inline_written + INLINE_TRACKING_SECONDS:
+            return
+        marks = ", ".join("?" for _ in inline)
+        try:
+            with self.database.transaction() as tx:
+                tx.execute(
+                    "UPDATE projection_tracking SET position = ?"
+                    f" WHERE name IN ({marks}) AND position < ?",
+                    (settled, *inline, settled),
+                )
+        except Exception as error:
+            failures["inline"] = error
+            return
+        self._inline_written, self._inline_due = now, False
+        self._inline_position = settled
 
     def checkpoint(self) -> int:
         """Let the store note how far the log has grown (before any tracking
@@ -162,12 +217,21 @@ class ProjectionRunner:
         return total
 
     def apply_pending(
-        self, tx: Transaction, projection: Projection, tracking: str, limit: int
+        self,
+        tx: Transaction,
+        projection: Projection,
+        tracking: str,
+        limit: int,
+        writes_paused: bool = False,
     ) -> int:
         """Inside ``tx``: apply up to ``limit`` events after the position tracked
-        under ``tracking`` and advance it. Returns how many events were read."""
+        under ``tracking`` and advance it. Returns how many events were read.
+        ``writes_paused``: no save can be under way (``tx`` holds the events
+        table: a rebuild's switch), so every event is read, settled or not."""
         topics: Sequence[str] = getattr(projection, "topics", ())
         recorder = cast(Any, self.app.recorder)
+        if writes_paused:
+            return self._apply_all(tx, projection, tracking, limit, topics)
         # Look before locking: an idle pass (nothing settled after the tracked
         # position) then neither locks nor writes the tracking row. On PostgreSQL
         # a row lock gives the transaction an id, so every idle pass of every
@@ -214,6 +278,32 @@ class ProjectionRunner:
                 "UPDATE projection_tracking SET position = ? WHERE name = ?",
                 (new_position, tracking),
             )
+        self.reached[tracking] = new_position
+        return len(notifications)
+
+    def _apply_all(
+        self,
+        tx: Transaction,
+        projection: Projection,
+        tracking: str,
+        limit: int,
+        topics: Sequence[str],
+    ) -> int:
+        recorder = cast(Any, self.app.recorder)
+        rows = tx.execute("SELECT position FROM projection_tracking WHERE name = ?", (tracking,))
+        position = int(rows[0][0]) if rows else 0
+        head = int(recorder.max_notification_id() or 0)
+        notifications = list(
+            recorder.select_notifications(position + 1, limit, topics=list(topics))
+        )
+        if notifications:
+            self._apply(tx, projection, notifications)
+        new_position = notifications[-1].id if len(notifications) == limit else max(head, position)
+        tx.execute(
+            "INSERT INTO projection_tracking (name, position) VALUES (?, ?)"
+            " ON CONFLICT (name) DO UPDATE SET position = excluded.position",
+            (tracking, new_position),
+        )
         self.reached[tracking] = new_position
         return len(notifications)
 

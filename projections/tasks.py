@@ -23,6 +23,7 @@ from kandev_es.views import task_dto
 
 class TasksProjection(TableSet):
     name = "tasks"
+    inline = True  # written in each save (projections/inline.py); replayed by rebuilds
     tables = ("tasks_view",)
     topics = event_topics(Task)
 

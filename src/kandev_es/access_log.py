@@ -6,19 +6,13 @@ secret that might end up in a logged atom. Used by ``kandev-es serve`` and
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from gunicorn.glogging import Logger
 
-# The link parameter's value however it is spelt, and the secrets by prefix.
-_SECRETS = re.compile(r"(?i)(audit(?:_|%5f)link=)[^&\s\"]*|\b(kal|kes)_[A-Za-z0-9_\-]+")
+from kandev_es.redaction import redact
 
-
-def redact(text: str) -> str:
-    return _SECRETS.sub(
-        lambda m: f"{m.group(1)}[redacted]" if m.group(1) else f"{m.group(2)}_[redacted]", text
-    )
+__all__ = ["RedactingLogger", "redact"]
 
 
 class RedactingLogger(Logger):  # type: ignore[misc]

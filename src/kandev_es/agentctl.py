@@ -39,6 +39,8 @@ def task_create(credential: RunCredential, body: dict[str, Any]) -> Answer:
             "Authorization": f"Bearer {credential.token}",
             RUN_ID_HEADER: credential.run_id,
             "Content-Type": "application/json",
+            # The agent's launch span (TRACEPARENT): this create joins its trace.
+            **({"traceparent": credential.traceparent} if credential.traceparent else {}),
         },
     )
     try:

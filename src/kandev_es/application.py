@@ -22,12 +22,18 @@ from eventsourcing.persistence import (
 )
 from eventsourcing.persistence import InternalError as StoreInternalError
 
+from kandev_es import metrics
 from kandev_es.config import Settings
-from kandev_es.errors import Contended, InternalError, StoreUnavailable
+from kandev_es.errors import Contended, InternalError, ProjectionFailed, StoreUnavailable
+from kandev_es.observability import tracing
 from kandev_es.storage.breaker import StoreBreaker, means_read_only, means_unreachable
 from kandev_es.storage.sqlite_factory import SQLITE_FACTORY_TOPIC
 from kandev_es.storage.sqlite_recorder import SQLITE_RECORDER_TOPIC
 from kandev_es.storage.streams import StreamsAdvanced
+from kandev_es.storage.view_writes import ViewRows, ViewsFailed
+
+# Makes a save's read-model rows from its events and aggregates.
+InlineViews = Callable[[Sequence[Any], Sequence[Aggregate]], ViewRows]
 
 A = TypeVar("A", bound=Aggregate)
 L = TypeVar("L")
@@ -174,6 +180,9 @@ class Tasks(Application):  # type: ignore[type-arg]
             breaker = StoreBreaker()
         self.breaker = breaker
         self._snapshots = ReadCache(settings.snapshot_cache_size)
+        # The inline projections (projections/inline.py, set by bootstrap):
+        # the read-model rows each save writes in its own transaction.
+        self.inline: InlineViews | None = None
         # PostgreSQL's recorder can draw an office number inside a read
         # (``read_and_draw``); SQLite's counter row is a statement of its own.
         self.draws_with_reads = hasattr(self.recorder, "select_streams_drawing")
@@ -350,6 +359,8 @@ class Tasks(Application):  # type: ignore[type-arg]
         """The library's ``save``, through ``_write`` when saving aggregates."""
         aggregates = [obj for obj in objs if obj is not None]
         if not self._direct_save or not all(isinstance(a, Aggregate) for a in aggregates):
+            if self.inline is not None:  # the library's save writes no read model
+                raise InternalError("a save the inline projections cannot follow")
             return cast(list[Recording[uuid.UUID]], super().save(*objs, **kwargs))
         events, stored, ids = self._write(aggregates, kwargs)
         if not ids:
@@ -383,9 +394,18 @@ class Tasks(Application):  # type: ignore[type-arg]
             events.extend(aggregate.collect_events())
         to_stored = self.mapper.to_stored_event
         stored = [to_stored(event) for event in events]
-        ids = self.recorder.insert_events(stored, **kwargs)
+        try:
+            # The read-model rows of these events, written by the recorder in
+            # the same transaction (storage/view_writes.py).
+            views = self.inline(events, aggregates) if self.inline is not None else None
+            ids = self.recorder.insert_events(stored, views=views, **kwargs)
+        except ViewsFailed as error:
+            metrics.record_projection_failure()
+            log.error("save rolled back: %s", error)
+            raise ProjectionFailed("a read model refused the save; nothing was stored") from None
         return events, stored, ids or []
 
+    @tracing.traced("save")
     def save_atomically(
         self, *aggregates: Aggregate, unchanged: Mapping[uuid.UUID, int] | None = None
     ) -> int:
@@ -430,6 +450,17 @@ class Tasks(Application):  # type: ignore[type-arg]
                     continue
             return answer
         raise Contended(contended, attempts=attempts)
+
+    def settled_head(self) -> int | None:
+        """For readers of rows saves write inline out of position order (the
+        feeds): a position they may read up to, at or above every save that
+        answered before the call (``recorders.settled_head``). None: what is
+        visible is settled (SQLite's one writer commits in position order)."""
+        settled_head = getattr(self.recorder, "settled_head", None)
+        if settled_head is None:
+            return None
+        with self._store_call():
+            return int(settled_head())
 
     def max_notification_id(self) -> int:
         with self._store_call():

@@ -15,9 +15,12 @@ from kandev_es.config import Settings, data_path
 from kandev_es.creation.driver import CreationDriver
 from kandev_es.creation.service import CreationService
 from kandev_es.errors import InvalidSetting, KandevError, SchemaSetupFailed, StoreUnavailable
+from kandev_es.projections.base import Projection
 from kandev_es.projections.creations import CreationsProjection
 from kandev_es.projections.feeds import FeedsProjection
+from kandev_es.projections.handover import hand_over
 from kandev_es.projections.identities import IdentitiesProjection
+from kandev_es.projections.inline import InlineViews
 from kandev_es.projections.runner import ProjectionRunner
 from kandev_es.projections.tasks import TasksProjection
 from kandev_es.runtime.agents import ExitedAgents
@@ -173,12 +176,22 @@ def _set_up(settings: Settings) -> Durability | None:
             database.create_schema()
         create_tables(database)
         found = durability(database)
+        app = Tasks(settings.with_overrides(create_tables=True))
+        try:
+            # Read models a version before inline projections left behind the
+            # head are brought up to it, once, before any save writes inline.
+            hand_over(ProjectionRunner(app, database, read_models()))
+        finally:
+            app.close()
     finally:
         database.close()
-    app = Tasks(settings.with_overrides(create_tables=True))
-    app.close()
     load_signer(settings, create=True)  # the checkpoint key, made at first start (mode 0600)
     return found
+
+
+def read_models() -> list[Projection]:
+    """Every read model; each written inline by the saves and replayed by rebuilds."""
+    return [TasksProjection(), IdentitiesProjection(), CreationsProjection(), FeedsProjection()]
 
 
 def _is_setup_error(error: Exception) -> bool:
@@ -207,11 +220,8 @@ def bootstrap(settings: Settings) -> Services:
             database.backend,
             attestation.current.problems,
         )
-    projections = ProjectionRunner(
-        app,
-        database,
-        [TasksProjection(), IdentitiesProjection(), CreationsProjection(), FeedsProjection()],
-    )
+    app.inline = InlineViews()  # the read models, written in each save's transaction
+    projections = ProjectionRunner(app, database, read_models())
     tokens = TokenService(app, settings.run_token_ttl)
     # One driver for the creating request, workspace deletion and the Runtime;
     # agent launch gets its run credentials from the token service through it.

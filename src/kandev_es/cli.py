@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 import uuid
 from collections import Counter
 from typing import Any
@@ -15,6 +14,7 @@ from kandev_es import __version__
 from kandev_es.bootstrap import bootstrap, init_storage, store_exists
 from kandev_es.cli_agentctl import register as register_agentctl
 from kandev_es.cli_ledger import backfill_ledger
+from kandev_es.cli_numbers import register as register_numbers
 from kandev_es.cli_ops import register as register_ops
 from kandev_es.cli_tasks import register as register_tasks
 from kandev_es.cli_usage import (
@@ -32,6 +32,7 @@ from kandev_es.cli_usage import (
 )
 from kandev_es.config import load_settings, local_url
 from kandev_es.errors import InvalidSetting, KandevError
+from kandev_es.observability import logs
 
 
 def _emit(data: dict[str, Any]) -> None:
@@ -75,11 +76,8 @@ def main(ctx: click.Context, log_level: str | None) -> None:
     # One-shot commands stay quiet unless asked; the server logs its operation.
     quiet = "INFO" if ctx.invoked_subcommand == "serve" else "WARNING"
     level = log_level or settings.log_level or quiet
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-        stream=sys.stderr,
-    )
+    # Text or JSON lines (KANDEV_LOG_FORMAT), redacted, with each request's id.
+    logs.configure(level, settings.log_format)
 
 
 @main.group()
@@ -376,6 +374,7 @@ def mcp_server(over_http: bool, host: str, port: int) -> None:
 register_ops(main, projections)
 register_agentctl(main)  # agentctl task create (inside an agent run)
 register_tasks(main, workspace)  # workspace list, task create/get/lookup (for people)
+register_numbers(workspace)  # workspace advance-numbers (after a dump restore)
 
 
 def _whole_summaries(group: click.Group) -> None:

@@ -8,6 +8,7 @@ from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from kandev_es.errors import InvalidSetting
@@ -79,6 +80,13 @@ class Settings:
     max_streams_per_token: int = 8
     # Extra environment names an operator lets through to agents (KANDEV_AGENT_ENV).
     agent_env: tuple[str, ...] = ()
+    # KANDEV_LOG_FORMAT: "text" (default) or "json", one object per line
+    # (docs/observability.md).
+    log_format: str = "text"
+    # OpenTelemetry traces (the otel extra), from the standard OTEL_* variables:
+    # off unless an exporter or an OTLP endpoint is named (docs/observability.md).
+    tracing: bool = False
+    trace_exporter: str = "otlp"
     # Seconds a run credential lives when its run's end is never observed.
     run_token_ttl: float = 24 * 3600.0
     # Seconds an audit link (``identity history``'s link to the auditor's page) works.
@@ -95,6 +103,8 @@ class Settings:
     # dir's ledger.key) and the log's origin line, used when the key is made.
     ledger_key_file: Path | None = None
     ledger_origin: str = "kandev-es.local/log"
+    # The interactive API page at /api/docs (api/api_docs.py); off: 404 there.
+    api_docs: bool = True
 
     @property
     def backend(self) -> str:
@@ -137,6 +147,40 @@ def _flag(value: str | None, default: bool) -> bool:
     if value is None or value == "":
         return default
     return value.strip().lower() in {"1", "true", "yes", "y", "on"}
+
+
+LOG_FORMATS = ("text", "json")
+TRACE_EXPORTERS = ("otlp", "console")
+
+
+def _log_format(env: Mapping[str, str]) -> str:
+    value = (env.get("KANDEV_LOG_FORMAT") or "text").strip().lower()
+    if value not in LOG_FORMATS:
+        raise InvalidSetting(f"KANDEV_LOG_FORMAT must be text or json, got {_shown(value)}")
+    return value
+
+
+def _tracing(env: Mapping[str, str]) -> dict[str, Any]:
+    """Traces are on when OTEL_TRACES_EXPORTER names an exporter (otlp, console)
+    or an OTLP endpoint is set, unless OTEL_SDK_DISABLED or
+    OTEL_TRACES_EXPORTER=none. Only OTLP over HTTP (protobuf) is shipped."""
+    exporter = (env.get("OTEL_TRACES_EXPORTER") or "").strip().lower()
+    endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get(
+        "OTEL_EXPORTER_OTLP_ENDPOINT"
+    )
+    if _flag(env.get("OTEL_SDK_DISABLED"), False) or exporter == "none":
+        return {"tracing": False}
+    if exporter and exporter not in TRACE_EXPORTERS:
+        raise InvalidSetting(
+            f"OTEL_TRACES_EXPORTER must be otlp, console or none, got {_shown(exporter)}"
+        )
+    protocol = (env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+                or env.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf").strip()
+    if (exporter or "otlp") == "otlp" and protocol != "http/protobuf":
+        raise InvalidSetting(
+            f"OTEL_EXPORTER_OTLP_PROTOCOL must be http/protobuf, got {_shown(protocol)}"
+        )
+    return {"tracing": bool(exporter or endpoint), "trace_exporter": exporter or "otlp"}
 
 
 def redact_url(url: str) -> str:
@@ -399,9 +443,12 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         if env.get("KANDEV_LEDGER_KEY_FILE")
         else None,
         ledger_origin=env.get("KANDEV_LEDGER_ORIGIN") or Settings.ledger_origin,
+        api_docs=_flag(env.get("KANDEV_API_DOCS"), True),
         agent_env=tuple(
             name.strip() for name in (env.get("KANDEV_AGENT_ENV") or "").split(",") if name.strip()
         ),
+        log_format=_log_format(env),
+        **_tracing(env),
     )
     settings.postgres  # noqa: B018 -- a URL it cannot honour fails here, before any connection
     return settings
@@ -506,6 +553,9 @@ class RunCredential:
     api_url: str
     token: str
     run_id: str
+    # The launching step's span (W3C TRACEPARENT, when traces are on): the
+    # agent's creates join the trace of the create that started it.
+    traceparent: str | None = None
 
 
 def load_run_credential(environ: Mapping[str, str] | None = None) -> RunCredential:
@@ -516,4 +566,9 @@ def load_run_credential(environ: Mapping[str, str] | None = None) -> RunCredenti
             f"missing {', '.join(missing)}: agentctl runs inside an agent launched by "
             "kandev-es, which sets KANDEV_API_URL, KANDEV_RUN_TOKEN and KANDEV_RUN_ID"
         )
-    return RunCredential(env["KANDEV_API_URL"], env["KANDEV_RUN_TOKEN"], env["KANDEV_RUN_ID"])
+    return RunCredential(
+        env["KANDEV_API_URL"],
+        env["KANDEV_RUN_TOKEN"],
+        env["KANDEV_RUN_ID"],
+        env.get("TRACEPARENT") or None,
+    )

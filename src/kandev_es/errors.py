@@ -334,6 +334,13 @@ class StoreUnavailable(Unavailable):
     code = "store_unavailable"
 
 
+class ProjectionFailed(Unavailable):
+    """A read model written in the save's transaction refused it: the whole
+    save was rolled back, nothing is stored; retrying may succeed."""
+
+    code = "projection_failed"
+
+
 class SchemaSetupFailed(Unavailable):
     """``db init`` could not create what the store needs (no right to create in
     the database or schema, a data dir it cannot write)."""

@@ -54,6 +54,7 @@ class Instruments:
     stream_refusals: Counter
     breaker_open: Gauge
     breaker_openings: Counter
+    projection_failures: Counter
     recoveries: Counter
     projection_leader: Gauge
 
@@ -169,6 +170,11 @@ def _store_and_runtime_instruments(registry: CollectorRegistry) -> dict[str, Any
             "1 while a worker's store breaker fails fast (database unreachable), else 0.",
             registry=registry, multiprocess_mode="livemax",
         ),
+        "projection_failures": Counter(
+            "kandev_inline_projection_failures",
+            "Saves rolled back because a read model written in their transaction failed.",
+            registry=registry,
+        ),
         "breaker_openings": Counter(
             "kandev_store_breaker_openings", "Times a store breaker opened.",
             registry=registry,
@@ -232,6 +238,10 @@ def stream_closed() -> None:
 
 def stream_refused(limit: str) -> None:
     instruments().stream_refusals.labels(limit).inc()
+
+
+def record_projection_failure() -> None:
+    instruments().projection_failures.inc()
 
 
 def breaker_opened() -> None:

@@ -59,7 +59,9 @@ def gunicorn_settings(settings: Settings, threads: int, timeout: int = 60) -> di
         # Each open stream holds a thread; give the capped streams their
         # own so `threads` stay free for requests (streams beyond get 503).
         "threads": threads + settings.max_streams,
-        "accesslog": "-",
+        # The access line is the app's own (observability/middleware.py: with
+        # the request id, in text or JSON, redacted), whatever server runs it.
+        "accesslog": None,
         # Audit links carry a secret in the query string: never logged.
         # (a dotted name: gunicorn imports it only when it starts).
         "logger_class": "kandev_es.access_log.RedactingLogger",

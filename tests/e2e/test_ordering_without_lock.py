@@ -24,6 +24,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from kandev_es.projections.inline import InlineViews
 
 from kandev_es.bootstrap import Services, bootstrap
 from kandev_es.config import Settings
@@ -31,13 +32,14 @@ from kandev_es.domain.creation import complete_without_effects
 from kandev_es.domain.external_id import identity_id
 from kandev_es.domain.identity import Identity
 from kandev_es.domain.workspace import Workspace
+from kandev_es.storage.view_writes import views_json
 from tests.support.served import ServedProcess, http, run_cli
 from tests.support.tasks import bare_task
 
 WAIT_S = 60.0
 INSERT = (
     "SELECT kandev_insert_events(%b::uuid[], %b::bigint[], %b::text[], %b::bytea[],"
-    " %b::uuid[], %b::bigint[])"
+    " %b::uuid[], %b::bigint[], %s::jsonb)"
 )
 
 
@@ -118,6 +120,13 @@ def _activated(settings: Settings) -> list[tuple[int, str]]:
     return [(int(position), str(task_id)) for position, task_id in rows]
 
 
+def _feed_rows(settings: Settings) -> int:
+    with _connect(settings) as conn:
+        row = conn.execute("SELECT count(*) FROM feed_events").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
 def _positions(settings: Settings) -> dict[str, int]:
     with _connect(settings) as conn:
         rows = conn.execute("SELECT name, position FROM projection_tracking").fetchall()
@@ -162,6 +171,8 @@ class HeldCreation:
         complete_without_effects(identity, task, tenure.number)
         events = [*identity.collect_events(), *task.collect_events()]
         self._stored = [app.mapper.to_stored_event(event) for event in events]
+        # Its read-model rows, written by the same insert (as the service's saves do).
+        self._views = views_json(InlineViews()(events, [identity, task]))
         self._guard = (workspace_id, workspace.version)  # as a real create is guarded
         self.connection = _connect(settings, autocommit=False)
         self.ids: list[int] = []
@@ -183,6 +194,7 @@ class HeldCreation:
                 [e.state for e in stored],
                 [self._guard[0]],
                 [self._guard[1]],
+                self._views,
             ),
         ).fetchall()
         self.ids = [int(row[0]) for row in rows]
@@ -226,14 +238,11 @@ def test_a_creation_held_open_below_later_ones_reaches_projection_and_sse_once(
         assert min(early.ids) > max(held.ids)
         later = [_create(server, workspace, f"L-{i}") for i in range(5)]
         assert [r.status for r in later] == [200] * 5
-        # Both workers' runners see the committed events above the held ids
-        # (lag) but must not pass the held ids: a reader that did would never
-        # come back for them.
-        _wait_until(
-            lambda: http("GET", f"{server.base}/readyz").body["projection_lag"]["feeds"] > 0,
-            "the runners to see the later events",
-        )
-        time.sleep(1.0)  # many runner passes (20 ms apart while behind)
+        # The later creations' feed rows are written (inline, with their
+        # events) above the held ids, but no reader may pass the held ids: a
+        # reader that did would never come back for them.
+        _wait_until(lambda: _feed_rows(settings) == 9, "the feed rows of all but the held one")
+        time.sleep(1.0)  # many SSE polls and runner passes
         assert [event[2] for event in stream.events] == [r.body["id"] for r in before]
         assert all(position < min(held.ids) for position in _positions(settings).values())
         found = _create(server, workspace, "L-0")  # the request path does not wait

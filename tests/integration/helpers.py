@@ -102,10 +102,16 @@ def worktrees(path: Any) -> list[str]:
 
 
 def crash_create(
-    settings: Any, secret: str, body: dict, failpoint: str, lease: float = 1.0
+    settings: Any,
+    secret: str,
+    body: dict,
+    failpoint: str,
+    lease: float = 1.0,
+    request_id: str = "",
 ) -> None:
     """One create in a separate process that SIGKILLs itself at ``failpoint``
-    (tests/support/crashing_create.py): an owner that dies for real."""
+    (tests/support/crashing_create.py): an owner that dies for real, serving
+    the request ``request_id`` when one is given."""
     import dataclasses
     import json
     import subprocess
@@ -122,6 +128,7 @@ def crash_create(
             json.dumps(raw),
             secret,
             json.dumps(body),
+            request_id,
         ],
         capture_output=True,
         text=True,

@@ -14,6 +14,7 @@ from kandev_es.domain.task import Task
 from kandev_es.views import task_dto
 from tests.conftest import bearer
 from tests.integration.helpers import create, start_unsettled_creation
+from tests.support.errors import without_request_id
 
 
 def feed(client, services, workspace, secret, **query):
@@ -176,7 +177,8 @@ def test_other_workspace_feed_is_not_found(client, services, workspace, member, 
     for path in ("events", "events/stream"):
         url = f"/api/v1/workspaces/{workspace.id}/{path}"
         denied = client.get(url, headers=bearer(other_secret))
-        assert denied.status_code == 404 and denied.json == {"error": "workspace not found"}
+        assert denied.status_code == 404, denied
+        assert without_request_id(denied.json) == {"error": "workspace not found"}
         assert client.get(url).status_code == 404
     unknown = client.get(f"/api/v1/workspaces/{uuid.uuid4()}/events", headers=bearer(admin[1]))
     assert unknown.status_code == 404

@@ -8,6 +8,7 @@ import uuid
 
 import pytest
 
+from tests.support.errors import without_request_id
 from tests.support.mcp_client import call, mcp_stdio
 
 pytestmark = pytest.mark.anyio
@@ -39,7 +40,9 @@ async def test_token_of_another_workspace_cannot_create_and_writes_nothing(
             client, CREATE, title="t", external_id="HELD-1", workspace_id=str(workspace.id)
         )
     assert fresh_error and held_error
-    assert fresh == probe == {"error": "task not created", "status": 404}
+    assert without_request_id(fresh) == without_request_id(probe) == {
+        "error": "task not created", "status": 404
+    }
     assert services.app.max_notification_id() == before
 
 
@@ -67,8 +70,9 @@ async def test_missing_or_unknown_token_is_refused_without_writing(
             client, CREATE, title="t", external_id="E-1", workspace_id=str(workspace.id)
         )
         list_error, listing = await call(client, "list_tasks", workspace_id=str(workspace.id))
-    assert create_error and create == {"error": "task not created", "status": 404}
-    assert list_error and listing == {"error": "task not found", "status": 404}
+    assert create_error, create_error
+    assert without_request_id(create) == {"error": "task not created", "status": 404}
+    assert list_error and without_request_id(listing) == {"error": "task not found", "status": 404}
     assert services.app.max_notification_id() == before
 
 
@@ -87,7 +91,7 @@ async def test_token_of_another_workspace_cannot_read_list_or_update_a_task(
             await call(client, "list_tasks", workspace_id=str(workspace.id)),
         ]
     for error, body in answers:
-        assert error and body == {"error": "task not found", "status": 404}
+        assert error and without_request_id(body) == {"error": "task not found", "status": 404}
     assert services.app.max_notification_id() == before
 
 
@@ -104,7 +108,9 @@ async def test_admin_token_resolves_the_only_workspace_then_needs_one_when_sever
         _, child = await call(client, CREATE, title="Sub", parent_id=explicit["id"],
                               start_agent=False)
     assert only["workspace_id"] == str(workspace.id)
-    assert ambiguous_error and ambiguous == {"error": "task not created", "status": 404}
+    assert ambiguous_error and without_request_id(ambiguous) == {
+        "error": "task not created", "status": 404
+    }
     assert explicit["workspace_id"] == str(globex.id)
     # The parent's workspace is used, and its external_id is never inherited.
     assert child["workspace_id"] == str(globex.id) and child["parent_id"] == explicit["id"]

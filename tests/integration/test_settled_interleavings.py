@@ -129,7 +129,7 @@ def test_a_polling_runner_applies_exactly_the_committed_saves_once_in_order(
                 conn.rollback()
                 mine.clear()
             elif step == "pool":  # the service's own save: one autocommit statement
-                identity = Identity.register(uuid.uuid4(), workspace.id, "P")
+                identity = Identity.register(uuid.uuid4(), workspace.id, f"P-{uuid.uuid4()}")
                 app.save(identity)
                 committed[str(identity.id)] = app.max_notification_id()
             else:

@@ -15,6 +15,7 @@ from tests.integration.helpers import (
     make_git_repository,
     worktrees,
 )
+from tests.support.errors import without_request_id
 
 
 def delete_workspace(client, workspace, secret):
@@ -55,7 +56,8 @@ def test_deleting_a_workspace_clears_identities_then_removes_tasks(
     ]
     assert [(e.reason, e.deletion_generation) for e in released] == [("workspace_deleted", 1)]
     refused = create(client, admin_secret, workspace_id=str(workspace.id), title="late")
-    assert refused.status_code == 404 and refused.json == {"error": "task not created"}
+    assert refused.status_code == 404, refused
+    assert without_request_id(refused.json) == {"error": "task not created"}
     services.projections.catch_up()
     with services.database.transaction() as tx:
         key = workspace.id if services.database.backend == "postgres" else str(workspace.id)

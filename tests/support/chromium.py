@@ -2,6 +2,9 @@
 person sees: ``--dump-dom`` gives the DOM after the page loaded (styles and
 all, under the page's CSP), ``--screenshot`` the pixels.
 
+``Devtools`` drives one over the DevTools protocol (on a pipe, no extra
+package) for what happens after load: typing, waiting for results, measuring.
+
 ``find_chromium`` installs the package when it is missing and the tests run as
 root (CI does, with the Debian registry reachable); anywhere else the test is
 skipped with the reason. Every run gets a fresh profile and a bounded wait.
@@ -9,12 +12,19 @@ skipped with the reason. Every run gets a fresh profile and a bounded wait.
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import fcntl
+import json
 import os
+import select
 import shutil
 import struct
 import subprocess
+import time
 import zlib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -128,3 +138,127 @@ def png_pixel(path: Path, x: int, y: int) -> tuple[int, int, int]:
         previous = line
     pixel = previous[x * channels : x * channels + 3]
     return pixel[0], pixel[1], pixel[2]
+
+
+class Devtools:
+    """One headless Chromium driven over the DevTools protocol on a pipe
+    (``--remote-debugging-pipe``: the browser reads commands from fd 3 and writes
+    answers to fd 4, NUL-separated JSON), for what a person does after a page
+    has loaded: type into a field, wait for results, look at one element. Every
+    request a page makes is recorded (``requested``), so a test can check that
+    nothing came from another host. Every wait is bounded."""
+
+    def __init__(self, binary: str, workdir: Path, width: int = 1280, height: int = 900) -> None:
+        to_browser, self._commands = os.pipe()
+        self._answers, from_browser = os.pipe()
+
+        def wire_pipes() -> None:  # in the child: fds 3 and 4 as Chromium expects
+            # moved above 4 first, so neither dup2 overwrites the other pipe's end
+            reading, writing = (fcntl.fcntl(fd, fcntl.F_DUPFD, 10) for fd in (to_browser,
+                                                                           from_browser))
+            os.dup2(reading, 3)  # dup2 makes them inheritable across exec
+            os.dup2(writing, 4)
+
+        self.process = subprocess.Popen(
+            [binary, *FLAGS, f"--user-data-dir={workdir / 'chromium-devtools'}",
+             "--remote-debugging-pipe", f"--window-size={width},{height}", "about:blank"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            preexec_fn=wire_pipes, close_fds=False,
+        )
+        os.close(to_browser)
+        os.close(from_browser)
+        self._buffer = b""
+        self._next_id = 0
+        self.requested: list[str] = []
+        targets = self.call("Target.getTargets")["targetInfos"]
+        page = next(target for target in targets if target["type"] == "page")
+        attached = self.call("Target.attachToTarget", targetId=page["targetId"], flatten=True)
+        self.session = attached["sessionId"]
+        for domain in ("Page.enable", "Network.enable", "Runtime.enable"):
+            self.call(domain, session=self.session)
+        self.call("Emulation.setDeviceMetricsOverride", session=self.session, width=width,
+                  height=height, deviceScaleFactor=1, mobile=False)
+
+    def _read_message(self, deadline: float) -> dict[str, Any]:
+        while b"\0" not in self._buffer:
+            if time.monotonic() > deadline:
+                raise TimeoutError("chromium did not answer in time")
+            ready, _, _ = select.select([self._answers], [], [], 1.0)
+            if ready:
+                chunk = os.read(self._answers, 1 << 16)
+                assert chunk, "chromium closed its DevTools pipe"
+                self._buffer += chunk
+        message, _, self._buffer = self._buffer.partition(b"\0")
+        parsed: dict[str, Any] = json.loads(message)
+        return parsed
+
+    def call(self, method: str, session: str | None = None, **params: Any) -> dict[str, Any]:
+        self._next_id += 1
+        sent: dict[str, Any] = {"id": self._next_id, "method": method, "params": params}
+        if session:
+            sent["sessionId"] = session
+        os.write(self._commands, json.dumps(sent).encode() + b"\0")
+        deadline = time.monotonic() + WAIT_S
+        while True:
+            message = self._read_message(deadline)
+            if message.get("method") == "Network.requestWillBeSent":
+                self.requested.append(message["params"]["request"]["url"])
+            if message.get("id") == self._next_id:
+                assert "error" not in message, f"{method}: {message['error']}"
+                result: dict[str, Any] = message.get("result", {})
+                return result
+
+    def evaluate(self, expression: str) -> Any:
+        answer = self.call("Runtime.evaluate", session=self.session, expression=expression,
+                           returnByValue=True, awaitPromise=True)
+        assert "exceptionDetails" not in answer, answer["exceptionDetails"]
+        return answer["result"].get("value")
+
+    def wait_for(self, expression: str, seconds: float = 30.0) -> Any:
+        """The expression's value once it is truthy (polled every 100 ms)."""
+        deadline = time.monotonic() + seconds
+        while True:
+            value = self.evaluate(expression)
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                raise AssertionError(f"still false after {seconds} s: {expression}")
+            time.sleep(0.1)
+
+    def open(self, url: str) -> None:
+        self.call("Page.navigate", session=self.session, url=url)
+        self.wait_for("document.readyState === 'complete' && location.href !== 'about:blank'")
+
+    def click(self, selector: str) -> None:
+        """A real mouse click in the middle of the first element ``selector`` finds."""
+        x, y = self.wait_for(
+            f"(() => {{ const e = document.querySelector({json.dumps(selector)});"
+            " if (!e) return null; const r = e.getBoundingClientRect();"
+            " return [r.x + r.width / 2, r.y + r.height / 2]; })()"
+        )
+        for kind in ("mousePressed", "mouseReleased"):
+            self.call("Input.dispatchMouseEvent", session=self.session, type=kind, x=x, y=y,
+                      button="left", clickCount=1)
+
+    def type(self, text: str) -> None:
+        """Key presses into the focused element, one character at a time."""
+        for char in text:
+            self.call("Input.dispatchKeyEvent", session=self.session, type="keyDown",
+                      key=char, text=char)
+            self.call("Input.dispatchKeyEvent", session=self.session, type="keyUp", key=char)
+
+    def screenshot(self, path: Path) -> Path:
+        shot = self.call("Page.captureScreenshot", session=self.session, format="png")
+        path.write_bytes(base64.b64decode(shot["data"]))
+        return path
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self._commands)
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=10)
+        os.close(self._answers)

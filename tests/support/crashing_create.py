@@ -1,7 +1,7 @@
 """Run one create in this process with a failpoint armed; the process is
 expected to SIGKILL itself at that boundary. Used by recovery tests.
 
-usage: python -m tests.support.crashing_create SETTINGS_JSON SECRET BODY_JSON
+usage: python -m tests.support.crashing_create SETTINGS_JSON SECRET BODY_JSON [REQUEST_ID]
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from pathlib import Path
 
 from kandev_es.bootstrap import bootstrap
 from kandev_es.config import Settings
+from kandev_es.observability import serving
 
 
 def main() -> int:
@@ -21,7 +22,9 @@ def main() -> int:
     settings = Settings(**raw)
     services = bootstrap(settings)
     principal = services.tokens.authenticate(sys.argv[2])
-    result = services.creation.create(principal, json.loads(sys.argv[3]))
+    request_id = sys.argv[4] if len(sys.argv) > 4 else ""
+    with serving.acting_for(request_id or None):
+        result = services.creation.create(principal, json.loads(sys.argv[3]))
     print(json.dumps(result.to_response()))
     return 0
 

@@ -18,9 +18,9 @@ PACKAGE = "kandev_es"
 # prefixes (a package, or single modules) relative to kandev_es ("" = the
 # package's own __init__, its version).
 LAYERS: tuple[tuple[tuple[str, ...], ...], ...] = (
-    (("", "errors"),),
+    (("", "errors", "redaction"),),
     (("config",), ("limits",), ("access_log",)),
-    (("domain",), ("metrics",)),
+    (("domain",), ("metrics",), ("observability",)),
     (("views",),),
     (("storage",), ("agent",)),
     (("application",),),
@@ -32,8 +32,8 @@ LAYERS: tuple[tuple[tuple[str, ...], ...], ...] = (
     # through api/ (which would build the whole Flask app): the two never import
     # each other.
     (("api",), ("agentctl",), ("client",), ("mcp",)),
-    (("cli", "cli_ops", "cli_agentctl", "cli_ledger", "cli_tasks", "cli_usage", "server",
-      "http_worker", "http_limits"),),
+    (("cli", "cli_ops", "cli_agentctl", "cli_ledger", "cli_tasks", "cli_numbers", "cli_usage",
+      "server", "http_worker", "http_limits"),),
 )
 
 

@@ -11,6 +11,7 @@ from flask_smorest import Api
 from kandev_es import __version__, metrics
 from kandev_es.api import (
     agentctl,
+    api_docs,
     audit_page,
     errors,
     events,
@@ -27,6 +28,8 @@ from kandev_es.bootstrap import Services, bootstrap
 from kandev_es.config import Settings, load_settings
 from kandev_es.errors import NO_STORE
 from kandev_es.limits import check_query_string, parse_cursor
+from kandev_es.observability import serving, tracing
+from kandev_es.observability.middleware import with_request_ids
 from kandev_es.services.stream_slots import StreamSlots
 
 
@@ -37,6 +40,9 @@ def create_app(
     run_projections: bool = True,
 ) -> Flask:
     settings = settings or (services.settings if services else load_settings())
+    # Before the store's pools connect: psycopg's instrumentation traces the
+    # connections made after it (observability/tracing.py).
+    tracing.configure(settings)
     services = services or bootstrap(settings)
     app = Flask("kandev_es")
     _configure(app, settings)
@@ -46,9 +52,11 @@ def create_app(
     )
     api = _register_api(app)
     _register_blueprints(api)
+    api_docs.register(app, settings.api_docs)
     # HTML, not part of the REST contract: a plain blueprint, outside the OpenAPI.
     app.register_blueprint(audit_page.blp)
     errors.register(app)
+    _follow_requests(app)
     _instrument_requests(app)
     app.before_request(_check_query)
     app.after_request(_no_store)
@@ -79,6 +87,7 @@ def _configure(app: Flask, settings: Settings) -> None:
                 )
             },
         },
+        **api_docs.page_config(settings.api_docs),
     )
 
 
@@ -121,6 +130,23 @@ def _instrument_requests(app: Flask) -> None:
         rule = request.url_rule.rule if request.url_rule is not None else None
         metrics.record_request(request.method, rule, response.status_code, elapsed)
         return response
+
+
+def _follow_requests(app: Flask) -> None:
+    """Each request's id and access line (observability/middleware.py), its
+    span when traces are on (a caller's traceparent its parent), and what its
+    log lines say of it: the route and the workspace in its path."""
+    wrapped = with_request_ids(tracing.instrument_wsgi(app.wsgi_app))
+    app.wsgi_app = wrapped  # type: ignore[assignment,method-assign]
+
+    @app.before_request
+    def _describe() -> None:
+        current = serving.current()
+        rule = request.url_rule.rule if request.url_rule is not None else None
+        if current is not None:
+            current.route = rule
+            serving.note_workspace((request.view_args or {}).get("workspace_id"))
+        tracing.name_request(request.method, rule, serving.current_request_id())
 
 
 def _check_query() -> None:

@@ -5,6 +5,8 @@ errors (kandev_es.errors.http_status), which the MCP adapter reports too
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from typing import Any
 
 from flask import Flask, jsonify
 from flask.typing import ResponseReturnValue
@@ -12,6 +14,7 @@ from marshmallow import Schema, fields
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from kandev_es.errors import KandevError, PayloadTooLarge, http_status
+from kandev_es.observability.serving import with_request_id
 
 log = logging.getLogger("kandev_es.api")
 
@@ -22,11 +25,47 @@ class ApiErrorSchema(Schema):
     error = fields.String(required=True, metadata={"description": "machine-readable code"})
     message = fields.String()
     details = fields.Dict()
+    request_id = fields.String(
+        metadata={"description": "the request's id, as in its X-Request-Id header and the logs"}
+    )
+
+
+# What each error status means, as the OpenAPI document says it for every route
+# that can answer it (``document_errors``); the body is always ApiErrorSchema.
+ERROR_MEANINGS = {
+    400: "bad request: a malformed id, query string, cursor, header or JSON body",
+    403: "operator_required: a member token where the workspace's operator is needed",
+    404: (
+        "not found, or not yours: an unknown or revoked token, another workspace's "
+        "resource and a missing one get the same answer"
+    ),
+    409: "conflict with the current state (the error code says which)",
+    412: "revision_mismatch: If-Match names an older revision of the task",
+    413: "payload_too_large: the body exceeds KANDEV_MAX_BODY_BYTES",
+    422: "invalid body: details lists each field's problem",
+    429: "too many: a run's or a workspace's agents are at their limit",
+    502: "a required effect failed: the creation was aborted and compensated",
+    503: "unavailable for now (store, schema attestation, stream slots): retry after Retry-After",
+}
+
+
+def document_errors(blp: Any, *codes: int) -> Callable[[Any], Any]:
+    """Declare the error statuses a view can answer, each with its meaning and
+    the one error body (OpenAPI only: the handlers below send them)."""
+
+    def decorate(view: Any) -> Any:
+        for code in codes:
+            view = blp.alt_response(
+                code, schema=ApiErrorSchema, description=ERROR_MEANINGS[code]
+            )(view)
+        return view
+
+    return decorate
 
 
 def _kandev_error(error: KandevError) -> ResponseReturnValue:
     status = http_status(error)
-    response = jsonify(error.to_dict())
+    response = jsonify(with_request_id(error.to_dict()))
     if status == 503:
         response.headers["Retry-After"] = "1"
     return response, status
@@ -42,12 +81,13 @@ def _http_error(error: HTTPException) -> ResponseReturnValue:
     data = getattr(error, "data", None)
     if isinstance(data, dict) and "messages" in data:
         body["details"] = data["messages"]
-    return jsonify(body), error.code or 500
+    return jsonify(with_request_id(body)), error.code or 500
 
 
 def _unexpected(error: Exception) -> ResponseReturnValue:
     log.exception("unhandled error")
-    return jsonify({"error": "internal_error", "message": "internal server error"}), 500
+    body = {"error": "internal_error", "message": "internal server error"}
+    return jsonify(with_request_id(body)), 500
 
 
 def register(app: Flask) -> None:

@@ -12,8 +12,10 @@ from typing import Any, cast
 from flask import Response, current_app, request
 from flask.views import MethodView
 from flask_smorest import Blueprint
+from marshmallow import Schema, fields
 
 from kandev_es.api.context import bearer_secret, path_uuid, principal, services
+from kandev_es.api.errors import document_errors
 from kandev_es.domain.principal import Principal
 from kandev_es.errors import WorkspaceNotFound
 from kandev_es.limits import MAX_CURSOR, parse_bounded, parse_cursor
@@ -25,6 +27,7 @@ from kandev_es.services.feeds import (
     sse_stream,
 )
 from kandev_es.services.stream_slots import HeldStream, StreamSlots
+from kandev_es.views import TaskSchema
 
 blp = Blueprint("events", __name__, url_prefix="/api/v1", description="Event feeds")
 
@@ -75,10 +78,28 @@ def _slots() -> StreamSlots:
     return cast(StreamSlots, current_app.extensions[STREAM_SLOTS_KEY])
 
 
+class EventEnvelopeSchema(Schema):
+    """One feed entry (services/feeds.py), the same in the page and the stream."""
+
+    id = fields.UUID(required=True, metadata={"description": "the event's own id, stable"})
+    type = fields.String(required=True, metadata={"description": "task.created or task.updated"})
+    subject = fields.UUID(required=True, metadata={"description": "the task id"})
+    source = fields.String(required=True, metadata={"description": "kandev-es/workspaces/<id>"})
+    timestamp = fields.DateTime(required=True)
+    data = fields.Nested(TaskSchema, required=True, metadata={"description": "the task"})
+
+
+class EventPageSchema(Schema):
+    items = fields.List(fields.Nested(EventEnvelopeSchema), required=True)
+    next_cursor = fields.Integer(
+        required=True, metadata={"description": "pass back as after for the next page"}
+    )
+    has_more = fields.Boolean(required=True)
+
+
 @blp.route("/workspaces/<workspace_id>/events")
 class EventFeed(MethodView):
     @blp.doc(
-        summary="task.created / task.updated events after a cursor",
         parameters=[
             _AFTER,
             {
@@ -87,19 +108,31 @@ class EventFeed(MethodView):
                 "schema": {"type": "integer", "minimum": 1, "maximum": MAX_PAGE},
             },
         ],
-        responses={200: {"description": "a page: items, next_cursor, has_more"}},
+        responses={
+            200: {
+                "description": "a page: items, next_cursor, has_more",
+                "content": {"application/json": {"schema": EventPageSchema}},
+            }
+        },
     )
+    @document_errors(blp, 400, 404)
     def get(self, workspace_id: str) -> dict[str, Any]:
+        """task.created / task.updated events after a cursor
+
+        The workspace's feed in commit order, `limit` at a time (default 100). Start
+        at `after=0`; pass `next_cursor` back as `after` while `has_more`. Each item
+        carries the task as this API shows it.
+        """
         target = _authorized_workspace(workspace_id)
         after = parse_cursor(request.args.get("after"))
         limit = int(parse_bounded(request.args.get("limit"), "limit", 100, 1, MAX_PAGE))
-        return feed_page(services().database, target, after, limit)
+        svc = services()
+        return feed_page(svc.database, target, after, limit, svc.app.settled_head)
 
 
 @blp.route("/workspaces/<workspace_id>/events/stream")
 class EventStream(MethodView):
     @blp.doc(
-        summary="Server-Sent Events; resume with Last-Event-ID",
         parameters=[
             _AFTER,
             {
@@ -113,9 +146,28 @@ class EventStream(MethodView):
                 "schema": {"type": "integer", "minimum": 0, "maximum": MAX_CURSOR},
             },
         ],
-        responses={200: {"description": "text/event-stream; each id is a feed cursor"}},
+        responses={
+            200: {
+                "description": "text/event-stream; each id is a feed cursor",
+                "content": {
+                    "text/event-stream": {
+                        "schema": {"type": "string"},
+                        "example": "id: 6\nevent: task.created\ndata: {\"id\": …}\n\n",
+                    }
+                },
+            }
+        },
     )
+    @document_errors(blp, 400, 404, 503)
     def get(self, workspace_id: str) -> Response:
+        """The feed as Server-Sent Events; resume with Last-Event-ID
+
+        The same entries as the paged feed, as they are committed: `event:` is the
+        type, `data:` the entry, `id:` its cursor. Reconnect with `Last-Event-ID`
+        (or `?after=`) to resume after the last one seen. Ends after `max_seconds`,
+        or when the token is revoked or the workspace deleted; 503
+        `stream_limit_reached` when the token or the server has too many open.
+        """
         target, who = _authorized(workspace_id)
         resume = request.headers.get("Last-Event-ID")
         if resume is not None and resume.strip():
@@ -125,7 +177,8 @@ class EventStream(MethodView):
         max_seconds = parse_bounded(
             request.args.get("max_seconds"), "max_seconds", 300, 0, MAX_STREAM_SECONDS
         )
-        database = services().database
+        svc = services()
+        database = svc.database
         slots = _slots()
         slots.take(who.token_id)  # 503 stream_limit_reached before the stream starts
         return Response(
@@ -135,6 +188,7 @@ class EventStream(MethodView):
                 sse_stream(
                     database, target, after, max_seconds,
                     ended=_end_reason(bearer_secret(), target),
+                    settled=svc.app.settled_head,
                 ),
             ),
             mimetype="text/event-stream",

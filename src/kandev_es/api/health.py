@@ -11,6 +11,7 @@ from marshmallow import Schema, fields, validate
 
 from kandev_es import __version__, metrics
 from kandev_es.api.context import services
+from kandev_es.api.errors import document_errors
 from kandev_es.storage.durability import durability
 
 blp = Blueprint("health", __name__, description="Health")
@@ -56,7 +57,13 @@ class ReadinessSchema(Schema):
 class Healthz(MethodView):
     @blp.doc(security=[])
     @blp.response(200, HealthSchema)
+    @document_errors(blp, 400)
     def get(self) -> dict[str, Any]:
+        """Liveness: the process answers
+
+        200 with the version whenever the process serves requests, even when the
+        store is down (that is `/readyz`). No token needed.
+        """
         return {"status": "ok", "version": __version__}
 
 
@@ -65,7 +72,14 @@ class Readyz(MethodView):
     @blp.doc(security=[])
     @blp.response(200, ReadinessSchema)
     @blp.alt_response(503, schema=ReadinessSchema, description="not ready")
+    @document_errors(blp, 400)
     def get(self) -> Any:
+        """Readiness: store reachable and schema attested
+
+        200 when this process can serve creates, else 503 with the same body saying
+        which check failed (`store_error`, `schema_problems`); it reports the
+        projections' lag too. A load balancer routes by it. No token needed.
+        """
         svc = services()
         attestation = svc.attestation.refresh()
         report: dict[str, Any] = {
@@ -100,7 +114,13 @@ class Metrics(MethodView):
             }
         },
     )
+    @document_errors(blp, 400)
     def get(self) -> Response:
-        """Prometheus text format, every worker's values added up (docs/operations.md: Metrics)."""
+        """Prometheus metrics
+
+        The text exposition format, every worker's values added up: requests by
+        route and status, creations, steps, open streams, recoveries. No token
+        needed: expose it to the scraper only (see Operations: Metrics).
+        """
         body = metrics.exposition(services().projections.lag)
         return Response(body, content_type=metrics.CONTENT_TYPE)

@@ -12,8 +12,10 @@ from typing import Any
 from flask import request
 from flask.views import MethodView
 from flask_smorest import Blueprint
+from marshmallow import Schema, fields
 
 from kandev_es.api.context import path_uuid, principal, services
+from kandev_es.api.errors import document_errors
 from kandev_es.domain.external_id import require_external_id
 from kandev_es.domain.principal import require_auditor
 from kandev_es.errors import InvalidCheckpointRange, Unauthenticated
@@ -23,10 +25,31 @@ from kandev_es.services.history import identity_history
 blp = Blueprint("identities", __name__, url_prefix="/api/v1", description="Identity audit")
 
 
+class HolderSchema(Schema):
+    tenure = fields.Integer(required=True)
+    task_id = fields.UUID(required=True)
+    phase = fields.String(required=True)
+
+
+class IdentityHistorySchema(Schema):
+    """services/history.py identity_history, as documented (the route answers it as built)."""
+
+    identity_id = fields.UUID(required=True)
+    workspace_id = fields.UUID(required=True)
+    external_id = fields.String(required=True)
+    holder = fields.Nested(HolderSchema, allow_none=True, required=True,
+                           metadata={"description": "null: nothing holds it now"})
+    tenures = fields.Integer(required=True)
+    events = fields.List(
+        fields.Dict(), required=True,
+        metadata={"description": "every event in order: version, timestamp, event (its "
+                  "name, e.g. Claimed, Completed, Released, Aborted) and its fields"},
+    )
+
+
 @blp.route("/workspaces/<workspace_id>/identities/history")
 class IdentityHistory(MethodView):
     @blp.doc(
-        summary="An identity's whole stream across tenures (admin or operator token)",
         parameters=[
             {"name": "external_id", "in": "query", "required": True, "schema": {"type": "string"}},
             {"name": "proof", "in": "query", "required": False,
@@ -34,9 +57,21 @@ class IdentityHistory(MethodView):
              "description": "1: add the proof bundle (events as stored, chain, inclusion"
              " proofs against the latest checkpoint) under `proof`"},
         ],
-        responses={200: {"description": "identity, holder and every event in order"}},
+        responses={
+            200: {
+                "description": "identity, holder and every event in order",
+                "content": {"application/json": {"schema": IdentityHistorySchema}},
+            }
+        },
     )
+    @document_errors(blp, 400, 403, 404, 503)
     def get(self, workspace_id: str) -> dict[str, Any]:
+        """An identity's whole history across tenures (admin or operator token)
+
+        Every event of the identity's stream, straight from the event store: each
+        claim, step, completion, abort and release, with who did it. For auditors:
+        a member token gets 403, anyone else 404 and learns nothing.
+        """
         target = path_uuid(workspace_id, "workspace id")
         require_auditor(principal(), target)
         external_id = require_external_id(request.args.get("external_id"))

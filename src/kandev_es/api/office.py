@@ -15,23 +15,17 @@ from flask.views import MethodView
 from flask_smorest import Blueprint
 
 from kandev_es.api.context import RUN_ID_HEADER, json_object, run_principal, services
-from kandev_es.api.errors import ApiErrorSchema
+from kandev_es.api.errors import document_errors
 from kandev_es.creation.outcomes import CreateTaskResponseSchema
 from kandev_es.creation.placement import Placement, under_parent
 from kandev_es.creation.request import CreateTaskRequestSchema
 from kandev_es.domain.principal import Principal
+from kandev_es.observability import tracing
 
 blp = Blueprint(
     "office", __name__, url_prefix="/api/v1/office/runtime", description="Office runtime"
 )
 
-ERRORS = {
-    400: "bad request",
-    404: "task not created",
-    413: "too large",
-    422: "invalid",
-    429: "agent_limit_reached: the run's or the workspace's run-started agents are at their limit",
-}
 RUN_CREATE_DOC: dict[str, Any] = {
     "parameters": [
         {
@@ -49,16 +43,23 @@ RUN_CREATE_DOC: dict[str, Any] = {
 }
 
 
+RUN_CREATE_DESCRIPTION = (
+    "The one create protocol, as `POST /api/v1/tasks`: the same body, outcomes and "
+    "answers. Authenticated by the agent run's credential (`KANDEV_RUN_TOKEN` as the "
+    "bearer) plus `X-Kandev-Run-Id`; anything else gets 404 `task not created` and "
+    "writes nothing. 429 when the run's or the workspace's agents are at their limit."
+)
+
+
 def document_run_create(target: Blueprint, summary: str) -> Callable[[Any], Any]:
     """The OpenAPI of a run-authenticated create: same body and answers as REST."""
 
     def decorate(view: Any) -> Any:
-        for code in (400, 404, 413, 422, 429, 503):
-            view = target.alt_response(
-                code, schema=ApiErrorSchema, description=ERRORS.get(code, "down")
-            )(view)
+        view = document_errors(target, 400, 404, 409, 413, 422, 429, 502, 503)(view)
         view = target.response(200, CreateTaskResponseSchema)(view)
-        return target.doc(summary=summary, **RUN_CREATE_DOC)(view)
+        return target.doc(
+            summary=summary, description=RUN_CREATE_DESCRIPTION, **RUN_CREATE_DOC
+        )(view)
 
     return decorate
 
@@ -69,7 +70,9 @@ def create_as_run(
     """The create protocol as the calling run; no run credential means the
     protocol's own refusal (404 task not created), before any validation."""
     found = caller if caller is not None else run_principal()
-    return services().creation.create(found, body, placed).to_response()
+    result = services().creation.create(found, body, placed)
+    with tracing.span("answer"):
+        return result.to_response()
 
 
 @blp.route("/tasks")

@@ -12,6 +12,7 @@ from flask_smorest import Blueprint
 from marshmallow import Schema, fields, validate
 
 from kandev_es.api.context import json_object, load_body, path_uuid, principal, services
+from kandev_es.api.errors import document_errors
 from kandev_es.domain.principal import require_operator
 from kandev_es.errors import BadRequest, WorkspaceNotFound
 
@@ -63,6 +64,11 @@ class CreationStatusSchema(Schema):
     released = fields.Boolean(required=True)
     outcome = fields.String(allow_none=True, required=True)
     plan_hash = fields.String(required=True)
+    request_id = fields.String(
+        allow_none=True,
+        required=True,
+        metadata={"description": "the X-Request-Id of the request that claimed it"},
+    )
     steps = fields.List(fields.Nested(CreationStepSchema), required=True)
 
 
@@ -83,14 +89,27 @@ class Repositories(MethodView):
         }
     )
     @blp.response(201, RepositorySchema)
+    @document_errors(blp, 400, 403, 404, 413, 422)
     def post(self, workspace_id: str) -> dict[str, str]:
+        """Register a git repository (operator)
+
+        Creates that name it get a branch `kandev/<identifier>` and a worktree of
+        it. `path` must be the top of its own git work tree on the server's
+        machine; the name is letters, digits and `_.-`.
+        """
         target = _member_of(workspace_id)
         require_operator(principal(), target)
         body = load_body(RepositorySchema, json_object())
         return services().repositories.register(target, body["name"], body["path"])
 
     @blp.response(200, RepositoryListedSchema(many=True))
+    @document_errors(blp, 400, 404)
     def get(self, workspace_id: str) -> list[dict[str, str]]:
+        """List the workspace's repositories
+
+        Names for every member; their paths on the server only for operators and
+        admins.
+        """
         target = _member_of(workspace_id)
         who = principal()
         with_paths = who is not None and who.is_operator_of(target)
@@ -100,7 +119,6 @@ class Repositories(MethodView):
 @blp.route("/workspaces/<workspace_id>/attachments")
 class Attachments(MethodView):
     @blp.doc(
-        summary="Upload a file (raw body; ?filename=…). Content-addressed: re-uploads dedupe.",
         parameters=[
             {"name": "filename", "in": "query", "required": True, "schema": {"type": "string"}}
         ],
@@ -112,7 +130,14 @@ class Attachments(MethodView):
         },
     )
     @blp.response(201, AttachmentSchema)
+    @document_errors(blp, 400, 404, 413, 422)
     def post(self, workspace_id: str) -> dict[str, Any]:
+        """Upload an attachment
+
+        The raw body is the file (`?filename=` names it; a multipart `file` field is
+        accepted too). Content-addressed: the same bytes again answer the same
+        `sha256:…` id. A create lists ids in `attachments` to claim them.
+        """
         target = _member_of(workspace_id)
         filename = request.args.get("filename", "")
         if "file" in request.files:
@@ -131,7 +156,13 @@ class Policy(MethodView):
         requestBody={"required": True, "content": {"application/json": {"schema": PolicySchema}}}
     )
     @blp.response(200, PolicySchema)
+    @document_errors(blp, 400, 403, 404, 413, 422)
     def put(self, workspace_id: str) -> dict[str, Any]:
+        """Set the workspace's WIP limit (operator)
+
+        At most `wip_limit` active tasks; a create past it is refused (409
+        `capacity_exhausted`) and writes nothing. `null` removes the limit.
+        """
         target = _member_of(workspace_id)
         require_operator(principal(), target)
         body = load_body(PolicySchema, json_object())
@@ -141,9 +172,15 @@ class Policy(MethodView):
 
 @blp.route("/creations/<handle>")
 class CreationStatus(MethodView):
-    @blp.doc(summary="The creator's own creation: phase and step states (private handle)")
     @blp.response(200, CreationStatusSchema)
+    @document_errors(blp, 400, 404)
     def get(self, handle: str) -> dict[str, Any]:
+        """The creator's own creation: phase and step states
+
+        `handle` is the private `creation_handle` of a `created` answer; with the
+        same token it shows that creation's phase and each step's status and
+        evidence. Anyone else gets 404.
+        """
         if len(handle) > 200:
             raise BadRequest("handle too long")
         return services().creation_status.status(principal(), handle)

@@ -20,21 +20,20 @@ from kandev_es.api.context import (
     principal,
     services,
 )
-from kandev_es.api.errors import ApiErrorSchema
+from kandev_es.api.errors import document_errors
 from kandev_es.creation.outcomes import CreateTaskResponseSchema
 from kandev_es.creation.request import CreateTaskRequestSchema
 from kandev_es.domain.external_id import normalize_external_id, require_external_id
 from kandev_es.domain.principal import require_operator
 from kandev_es.errors import BadRequest, TaskNotFound, http_status
 from kandev_es.limits import MAX_CURSOR, stored_integer
+from kandev_es.observability import tracing
+from kandev_es.observability.serving import with_request_id
 from kandev_es.services.release import NO_HOLDER
 from kandev_es.services.tasks import TaskPatchSchema
 from kandev_es.views import TaskSchema, task_dto
 
 blp = Blueprint("tasks", __name__, url_prefix="/api/v1", description="Tasks")
-
-ERRORS = {400: "bad request", 404: "not found", 413: "too large", 422: "invalid", 503: "down"}
-
 
 # The task representation is views.TaskSchema; these are this blueprint's own.
 class ReleaseResponseSchema(TaskSchema):
@@ -65,17 +64,6 @@ class TaskPatchRequestSchema(TaskPatchSchema):
     with (its limits, unknown fields refused), under its OpenAPI name."""
 
 
-def _document_errors(*codes: int) -> Any:
-    def decorate(view: Any) -> Any:
-        for code in codes:
-            view = blp.alt_response(code, schema=ApiErrorSchema, description=ERRORS[code])(
-                view
-            )
-        return view
-
-    return decorate
-
-
 def _documentation_only(view: Any) -> Any:
     """The view itself, carrying the OpenAPI documentation the flask-smorest
     decorators under this one collected (their ``_apidoc``), without their
@@ -92,38 +80,47 @@ def _documentation_only(view: Any) -> Any:
 class TaskCreate(MethodView):
     @_documentation_only
     @blp.doc(
-        summary="Create a task, idempotent by external_id",
         requestBody={
             "required": True,
             "content": {"application/json": {"schema": CreateTaskRequestSchema}},
         },
     )
     @blp.response(200, CreateTaskResponseSchema)
-    @_document_errors(400, 404, 413, 422, 503)
+    @document_errors(blp, 400, 404, 409, 413, 422, 429, 502, 503)
     def post(self) -> Response:  # always a Response: see _documentation_only
+        """Create a task, idempotent by external_id
+
+        With an `external_id`, the one task that holds that identity in the workspace
+        is answered, whatever the retry: `created` the first time, then
+        `found_settled`, or `found_unsettled` while another create still owns it
+        (`deduplicated: true`, `creation_complete: false`: use that task, poll the
+        lookup, never release and recreate). A held identity is found before the rest
+        of the body is validated. Without an `external_id` every call creates a task.
+        The workspace is `workspace_id`, else the token's.
+        """
         body = json_object()
         result = services().creation.create(create_principal(), body)
-        return create_answer(result)  # the documented schema's dump, built here
-
-
-BY_ID_OR_NAME = (
-    "`workspace_id` is the workspace's id or its name (the live workspace of that name); "
-    "an unknown name answers as an unknown id does."
-)
+        with tracing.span("answer"):
+            return create_answer(result)  # the documented schema's dump, built here
 
 
 @blp.route("/workspaces/<workspace_id>/tasks/by-external-id")
 class TaskLookup(MethodView):
     @blp.doc(
-        summary="What holds this external ID? No side effects, ever.",
-        description=BY_ID_OR_NAME,
         parameters=[
             {"name": "external_id", "in": "query", "required": True, "schema": {"type": "string"}}
         ],
     )
     @blp.response(200, LookupResponseSchema)
-    @_document_errors(400, 404, 503)
+    @document_errors(blp, 400, 404, 503)
     def get(self, workspace_id: str) -> dict[str, Any]:
+        """What holds this external ID? No side effects, ever
+
+        The task that holds the identity, with `creation_complete`: poll this after a
+        `found_unsettled` until it is true. 404 when nothing holds it (never
+        created, or released), or the workspace is not the token's.
+        `workspace_id` is the workspace's id or its name.
+        """
         workspace = path_workspace(workspace_id, TaskNotFound("task not found"))
         who = principal()
         if who is None or not who.may_act_on(workspace):
@@ -135,11 +132,6 @@ class TaskLookup(MethodView):
         return found.to_lookup_response()
 
     @blp.doc(
-        summary=(
-            "Operator release of an identity by stable operation id. A manual action: "
-            "never an automatic recovery for creation_complete=false."
-        ),
-        description=BY_ID_OR_NAME,
         parameters=[
             {"name": "external_id", "in": "query", "required": True, "schema": {"type": "string"}},
             {
@@ -152,8 +144,17 @@ class TaskLookup(MethodView):
         ],
     )
     @blp.response(200, ReleaseResponseSchema)
-    @_document_errors(400, 404, 422, 503)
+    @document_errors(blp, 400, 403, 404, 409, 422, 503)
     def delete(self, workspace_id: str) -> Any:
+        """Release an identity (operator), by stable operation id
+
+        A manual operator decision for an abandoned task, never a retry loop's and
+        never an answer to `creation_complete: false`. The task stays, without its
+        external ID; the next create with it makes a new task (a new tenure). The
+        `Idempotency-Key` is the operation id: the same key again answers the stored
+        result (`Idempotent-Replayed: true`); reused for another identity, 422.
+        `workspace_id` is the workspace's id or its name.
+        """
         workspace = path_workspace(workspace_id, TaskNotFound("task not found"))
         who = require_operator(principal(), workspace, TaskNotFound("task not found"))
         result = services().release.release(
@@ -164,7 +165,7 @@ class TaskLookup(MethodView):
         )
         headers = {"Idempotent-Replayed": "true" if result.replayed else "false"}
         if not result.released:  # no holder: the stored answer
-            return jsonify(result.body), http_status(NO_HOLDER), headers
+            return jsonify(with_request_id(result.body)), http_status(NO_HOLDER), headers
         return result.body, 200, headers
 
 
@@ -172,8 +173,14 @@ class TaskLookup(MethodView):
 class TaskList(MethodView):
     @blp.arguments(TaskListQuerySchema, location="query")
     @blp.response(200, TaskListSchema)
-    @_document_errors(400, 404)
+    @document_errors(blp, 400, 404, 422)
     def get(self, query: dict[str, Any], workspace_id: str) -> dict[str, Any]:
+        """List a workspace's tasks, page by page
+
+        In creation order, `limit` at a time; pass `next_cursor` back as `after` for
+        the next page (`null`: no more). `external_id` narrows the list to the task
+        holding it; `include_archived=false` leaves archived tasks out.
+        """
         workspace = path_uuid(workspace_id, "workspace id")
         who = principal()
         if who is None or not who.may_act_on(workspace):
@@ -194,8 +201,13 @@ class TaskList(MethodView):
 @blp.route("/tasks/<task_id>")
 class TaskItem(MethodView):
     @blp.response(200, TaskSchema)
-    @_document_errors(400, 404)
+    @document_errors(blp, 400, 404)
     def get(self, task_id: str) -> Any:
+        """Get a task
+
+        The task as every entry point shows it, with its revision in `ETag` (send it
+        back as `If-Match` on a PATCH). A run credential may read its own task.
+        """
         wanted = path_uuid(task_id, "task id")
         task = services().tasks.get(principal() or own_task_principal(wanted), wanted)
         return task_dto(task), 200, {"ETag": f'"{task.revision}"'}
@@ -207,8 +219,14 @@ class TaskItem(MethodView):
         }
     )
     @blp.response(200, TaskSchema)
-    @_document_errors(400, 404, 422)
+    @document_errors(blp, 400, 404, 412, 413, 422)
     def patch(self, task_id: str) -> Any:
+        """Update a task's title, description or workflow step
+
+        Only the fields sent change; `external_id` cannot (400
+        `external_id_immutable`: release the identity instead). With `If-Match` the
+        update applies only to that revision (412 otherwise).
+        """
         body = json_object()
         dto = services().tasks.patch(
             principal(), path_uuid(task_id, "task id"), body, _if_match_revision()
@@ -216,16 +234,28 @@ class TaskItem(MethodView):
         return dto, 200, {"ETag": f'"{dto["revision"]}"'}
 
     @blp.response(204)
-    @_document_errors(400, 404)
+    @document_errors(blp, 400, 403, 404)
     def delete(self, task_id: str) -> None:
+        """Delete a task (operator)
+
+        The task is gone from reads and lists, and the identity it held is free: a
+        later create with its external ID makes a new task. Its history stays in the
+        identity's stream for auditors.
+        """
         services().tasks.delete(principal(), path_uuid(task_id, "task id"))
 
 
 @blp.route("/tasks/<task_id>/archive")
 class TaskArchive(MethodView):
     @blp.response(200, TaskSchema)
-    @_document_errors(400, 404)
+    @document_errors(blp, 400, 404)
     def post(self, task_id: str) -> dict[str, Any]:
+        """Archive a task
+
+        The task stays readable (`archived: true`) and keeps its external ID, so a
+        create with it still finds this task; its WIP slot is given back and its
+        agent run's credential revoked. No request body.
+        """
         return services().tasks.archive(principal(), path_uuid(task_id, "task id"))
 
 

@@ -9,6 +9,7 @@ from flask_smorest import Blueprint
 from marshmallow import Schema, fields, validate
 
 from kandev_es.api.context import json_object, load_body, path_uuid, require_admin, services
+from kandev_es.api.errors import document_errors
 from kandev_es.errors import BadRequest, WorkspaceNotFound
 
 blp = Blueprint("tokens", __name__, url_prefix="/api/v1", description="Tokens")
@@ -55,9 +56,14 @@ class TokenListSchema(Schema):
 
 @blp.route("/tokens")
 class TokenCollection(MethodView):
-    @blp.doc(summary="List every token (admin): never a secret or its hash")
     @blp.response(200, TokenListSchema)
+    @document_errors(blp, 400, 404)
     def get(self) -> dict[str, Any]:
+        """List every token (admin)
+
+        Ids, roles, workspaces, labels and whether each is revoked: never a secret
+        or its hash. Run credentials of agent runs are listed too (role `run`).
+        """
         require_admin()
         return {"tokens": services().tokens.list_tokens()}
 
@@ -68,7 +74,14 @@ class TokenCollection(MethodView):
         }
     )
     @blp.response(201, TokenSchema)
+    @document_errors(blp, 400, 404, 413, 422)
     def post(self) -> dict[str, Any]:
+        """Issue a token (admin)
+
+        Either for one workspace (`workspace_id`, role `member` or `operator`) or an
+        admin token (`admin: true`). The secret is in this answer only; the store
+        keeps its hash.
+        """
         require_admin()
         body = load_body(TokenCreateSchema, json_object())
         workspace_id = body.get("workspace_id")
@@ -88,8 +101,13 @@ class TokenCollection(MethodView):
 
 @blp.route("/tokens/<token_id>")
 class TokenItem(MethodView):
-    @blp.doc(summary="Revoke a token (admin); refused from its next request, idempotent")
     @blp.response(204)
+    @document_errors(blp, 400, 404)
     def delete(self, token_id: str) -> None:
+        """Revoke a token (admin)
+
+        Refused from its next request on, in every worker; revoking it again is
+        harmless. 404 `token_not_found` for an id no token has.
+        """
         require_admin()
         services().tokens.revoke(path_uuid(token_id, "token id"))

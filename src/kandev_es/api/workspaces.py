@@ -16,6 +16,7 @@ from kandev_es.api.context import (
     require_admin,
     services,
 )
+from kandev_es.api.errors import document_errors
 from kandev_es.domain.principal import require_operator
 from kandev_es.errors import WorkspaceNotFound
 from kandev_es.views import WorkspaceSchema, workspace_dto
@@ -43,7 +44,14 @@ class WorkspaceCollection(MethodView):
         }
     )
     @blp.response(201, WorkspaceSchema)
+    @document_errors(blp, 400, 404, 409, 413, 422)
     def post(self) -> dict[str, Any]:
+        """Open a workspace (admin)
+
+        `task_prefix` names its tasks (`KAN` makes `KAN-1`, `KAN-2`, …): choose one
+        that differs from the external system's keys, so a task's identifier and
+        its external ID cannot be confused. A name already taken answers 409.
+        """
         require_admin()
         body = load_body(WorkspaceCreateSchema, json_object())
         workspace = services().workspaces.open(body["name"], body["task_prefix"])
@@ -53,7 +61,13 @@ class WorkspaceCollection(MethodView):
 @blp.route("/workspaces/<workspace_id>")
 class WorkspaceItem(MethodView):
     @blp.response(200, WorkspaceSchema)
+    @document_errors(blp, 400, 404)
     def get(self, workspace_id: str) -> dict[str, Any]:
+        """Get a workspace
+
+        Its name, task prefix, current WIP limit (`null`: none) and registered
+        repositories' names.
+        """
         target = path_uuid(workspace_id, "workspace id")
         who = principal()
         workspace = services().workspaces.get(target)
@@ -62,9 +76,15 @@ class WorkspaceItem(MethodView):
         return workspace_dto(workspace)
 
 
-    @blp.doc(summary="Delete a workspace (admin): fences creations, frees every identity")
     @blp.response(200, WorkspaceDeletionSchema)
+    @document_errors(blp, 400, 403, 404, 503)
     def delete(self, workspace_id: str) -> dict[str, Any]:
+        """Delete a workspace (admin or its operator)
+
+        Fences the workspace's creations (a create that lands after it is refused),
+        removes its tasks and frees every identity. The answer says how many tasks
+        went and the deletion's generation.
+        """
         target = path_uuid(workspace_id, "workspace id")
         if services().workspaces.get(target) is None:
             raise WorkspaceNotFound("workspace not found")

@@ -47,6 +47,7 @@ from kandev_es.errors import (
     Unavailable,
     WorkspaceDeleted,
 )
+from kandev_es.observability import tracing
 
 log = logging.getLogger("kandev_es.creation")
 MAX_PASSES = 50
@@ -149,6 +150,7 @@ class CreationDriver:
         )
         self._app.save_atomically(identity)
         metrics.record_step(step, status)
+        tracing.note(**{"kandev.step.outcome": status})
 
     def _prepare(
         self, identity: Identity, task: Task, tenure: Tenure, ctx: StepContext
@@ -165,12 +167,13 @@ class CreationDriver:
             status = tenure.steps.get(step.name, {}).get("status")
             if status == SUCCEEDED:
                 continue
-            if status in (STARTED, UNKNOWN, FAILED):
-                evidence = step.reconcile(ctx)
-                if evidence is not None:
-                    self._record(identity, number, step.name, SUCCEEDED, evidence)
-                    continue
-            failure = self._run_step(identity, number, step, ctx)
+            with tracing.span(f"step {step.name}", **{"kandev.step": step.name}):
+                if status in (STARTED, UNKNOWN, FAILED):
+                    evidence = step.reconcile(ctx)
+                    if evidence is not None:
+                        self._record(identity, number, step.name, SUCCEEDED, evidence)
+                        continue
+                failure = self._run_step(identity, number, step, ctx)
             if failure is not None:
                 return failure
         # Proof gates Completing: every effect must be present in the world now.
@@ -258,6 +261,7 @@ class CreationDriver:
         identity.begin_aborting(number, error.code)
         self._app.save_atomically(identity)
         metrics.record_step(step, FAILED)
+        tracing.note(**{"kandev.step.outcome": FAILED, "kandev.error": error.code})
 
     def _complete(self, identity: Identity, task: Task, number: int) -> None:
         outcome = creation.complete(identity, task, number)

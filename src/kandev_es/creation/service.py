@@ -41,6 +41,7 @@ from kandev_es.errors import (
     KandevError,
     TaskNotCreated,
 )
+from kandev_es.observability import serving, tracing
 from kandev_es.storage.attestation import AttestationGuard
 from kandev_es.views import task_dto
 
@@ -87,7 +88,9 @@ class CreationService:
         """``placed``: where the entry point decided the create lands
         (creation/placement.py); without it, where the body says (REST)."""
         try:
-            result = self._create(principal, body, placed)
+            with tracing.span("create"):
+                result = self._create(principal, body, placed)
+                tracing.note(**{"kandev.outcome": result.outcome.value})
         except Exception as error:
             metrics.record_creation_error(error)
             raise
@@ -108,6 +111,7 @@ class CreationService:
         assert not isinstance(principal, Unconfirmed)
         raw_workspace = body.get("workspace_id") if placed is None else placed.workspace_id
         workspace_id = self._workspace_id(principal, raw_workspace)  # step 1
+        serving.note_workspace(workspace_id)
         assert principal is not None
         token = [unconfirmed.token_id] if unconfirmed is not None else []
         invalid: InvalidExternalId | None = None
@@ -130,10 +134,11 @@ class CreationService:
             else None
         )
         number: int | None = None
-        if admitted is not None:
-            reads, number = self._app.read_and_draw(ids, workspace_id, admitted[1])
-        else:
-            reads = self._app.read_many(ids)
+        with tracing.span("lookup"):
+            if admitted is not None:
+                reads, number = self._app.read_and_draw(ids, workspace_id, admitted[1])
+            else:
+                reads = self._app.read_many(ids)
         confirmed = self._confirmed(unconfirmed, reads)
         if confirmed is not None and confirmed != principal:
             return self._create(confirmed, body, placed)  # the token changed: start over
@@ -307,6 +312,7 @@ class CreationService:
                 return found
         raise refusal
 
+    @tracing.traced("claim")
     def _claim(
         self,
         principal: Principal,
@@ -331,6 +337,8 @@ class CreationService:
             lease_expires_at=datetime.now(UTC) + self._lease,
             handle_hash=handle_hash(secret, principal.actor, plan.plan_hash),
             completed=unchanged is not None,
+            request_id=serving.current_request_id(),
+            traceparent=tracing.traceparent(),
         )
         outcome = identity.tenure(number).outcome if unchanged is not None else None
         try:

@@ -42,6 +42,8 @@ def claim(
     lease_expires_at: datetime,
     handle_hash: str,
     completed: bool = False,
+    request_id: str | None = None,
+    traceparent: str | None = None,
 ) -> tuple[int, Task]:
     """A new tenure of ``identity`` for the plan, and the preparing Task it
     creates; returns the tenure's number and the task (both unsaved).
@@ -61,6 +63,8 @@ def claim(
         plan_hash=plan.plan_hash,
         lease_expires_at=lease_expires_at,
         handle_hash=handle_hash,
+        request_id=request_id,
+        traceparent=traceparent,
     ).number
     if completed:
         identity.complete(number)

@@ -50,6 +50,11 @@ class Tenure:
     deletion_generation: int | None = None
     outcome: str | None = None
     steps: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # The request that claimed this tenure (its X-Request-Id) and, when traces
+    # were on, its span (W3C traceparent): the Runtime's work on the tenure
+    # carries that id and links to that trace.
+    request_id: str | None = None
+    traceparent: str | None = None
     # Takeovers by the recovery Runtime in the current series: the bound
     # (KANDEV_RECOVERY_ATTEMPTS) counts these; an operator's retry starts a
     # new series. The epoch, the fencing token, only ever grows.
@@ -118,6 +123,8 @@ class Identity(Aggregate):
         plan_hash: str,
         lease_expires_at: datetime,
         handle_hash: str = "",
+        request_id: str | None = None,
+        traceparent: str | None = None,
     ) -> Tenure:
         if self.holder is not None:
             raise DomainRuleBroken("identity is already held")
@@ -132,6 +139,8 @@ class Identity(Aggregate):
             plan_hash=plan_hash,
             lease_expires_at=lease_expires_at,
             handle_hash=handle_hash,
+            request_id=request_id,
+            traceparent=traceparent,
         )
         return self.tenures[number]
 
@@ -167,8 +176,15 @@ class Identity(Aggregate):
             raise DomainRuleBroken("abort needs an aborting creation")
         self.trigger_event(self.Aborted, tenure=tenure)
 
-    def recover(self, tenure: int, owner_id: str, lease_expires_at: datetime) -> int:
-        """The Runtime takes over an expired tenure; the new epoch fences the old owner."""
+    def recover(
+        self,
+        tenure: int,
+        owner_id: str,
+        lease_expires_at: datetime,
+        request_id: str | None = None,
+    ) -> int:
+        """The Runtime takes over an expired tenure; the new epoch fences the
+        old owner. ``request_id``: the request the takeover was done for."""
         current = self.tenure(tenure)
         if not current.in_flight:
             raise DomainRuleBroken("only an unfinished creation can be recovered")
@@ -179,6 +195,7 @@ class Identity(Aggregate):
             epoch=epoch,
             owner_id=owner_id,
             lease_expires_at=lease_expires_at,
+            request_id=request_id,
         )
         return epoch
 
@@ -212,9 +229,10 @@ class Identity(Aggregate):
         deletion_generation: int | None = None,
         *,
         actor: str,
+        request_id: str | None = None,
     ) -> None:
         """``actor`` names who released (a principal's ``token:<id>``, or ``cli``),
-        never a secret."""
+        never a secret; ``request_id`` the request that released it."""
         current = self.tenure(tenure)
         if not current.holds:
             raise DomainRuleBroken("tenure no longer holds the identity")
@@ -228,10 +246,17 @@ class Identity(Aggregate):
             reason=reason,
             deletion_generation=deletion_generation,
             actor=actor,
+            request_id=request_id,
         )
 
     def record_workspace_deletion(
-        self, tenure: int, operation_id: str, generation: int, *, actor: str
+        self,
+        tenure: int,
+        operation_id: str,
+        generation: int,
+        *,
+        actor: str,
+        request_id: str | None = None,
     ) -> None:
         """Workspace deletion reaches this tenure: release it if it still holds;
         if an operator released it first (say while it was preparing), record the
@@ -240,7 +265,10 @@ class Identity(Aggregate):
         if current.deletion_generation is not None:
             return
         if current.holds:
-            self.release(tenure, operation_id, "workspace_deleted", generation, actor=actor)
+            self.release(
+                tenure, operation_id, "workspace_deleted", generation,
+                actor=actor, request_id=request_id,
+            )
             return
         self.trigger_event(
             self.WorkspaceDeletionRecorded,
@@ -258,8 +286,11 @@ class Identity(Aggregate):
         plan: dict[str, Any]
         plan_hash: str
         lease_expires_at: datetime
-        # Defaulted so streams recorded before creation handles still replay.
+        # Defaulted so streams recorded before creation handles (and before
+        # request ids and traces) still replay.
         handle_hash: str = ""
+        request_id: str | None = None
+        traceparent: str | None = None
 
         def apply(self, aggregate: Identity) -> None:
             aggregate.tenures[self.tenure] = Tenure(
@@ -271,6 +302,8 @@ class Identity(Aggregate):
                 plan_hash=self.plan_hash,
                 lease_expires_at=self.lease_expires_at,
                 handle_hash=self.handle_hash,
+                request_id=self.request_id,
+                traceparent=self.traceparent,
             )
 
     class StepRecorded(Aggregate.Event):
@@ -313,6 +346,8 @@ class Identity(Aggregate):
         epoch: int
         owner_id: str
         lease_expires_at: datetime
+        # Defaulted so takeovers recorded before request ids still replay.
+        request_id: str | None = None
 
         def apply(self, aggregate: Identity) -> None:
             tenure = aggregate.tenures[self.tenure]
@@ -349,8 +384,9 @@ class Identity(Aggregate):
         reason: str
         deletion_generation: int | None
         # Who released. Defaulted so events stored before it existed replay
-        # (an auditor sees "unknown").
+        # (an auditor sees "unknown"); the same for the releasing request.
         actor: str | None = None
+        request_id: str | None = None
 
         def apply(self, aggregate: Identity) -> None:
             tenure = aggregate.tenures[self.tenure]

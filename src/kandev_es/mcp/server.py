@@ -49,6 +49,7 @@ from kandev_es.errors import (
 from kandev_es.limits import check_json_text
 from kandev_es.mcp import errors, tools
 from kandev_es.mcp.handlers import HANDLERS
+from kandev_es.observability import serving, tracing
 from kandev_es.services.auth import bearer_of
 
 log = logging.getLogger("kandev_es.mcp")
@@ -78,23 +79,15 @@ def build_server(services: Services, secret_for: SecretSource) -> Server[Any]:
         secret = secret_for(ctx)
 
         def work() -> dict[str, Any]:
-            check_json_text(arguments)  # what api/context.json_object checks
-            principal = services.tokens.authenticate(secret)
-            return handler(services, principal, arguments)
+            with tracing.span(f"mcp {params.name}", **{"kandev.request_id": request_id}):
+                check_json_text(arguments)  # what api/context.json_object checks
+                principal = services.tokens.authenticate(secret)
+                return handler(services, principal, arguments)
 
-        try:
-            body = await anyio.to_thread.run_sync(work)
-        except KandevError as error:
-            status = http_status(error)
-            log.info("mcp tool=%s error=%s status=%s", params.name, error.code, status)
-            return errors.failure(error)
-        except Exception as error:
-            return errors.unexpected(error)
-        log.info(
-            "mcp tool=%s workspace=%s task=%s outcome=%s",
-            params.name, body.get("workspace_id"), body.get("id"), body.get("outcome"),
-        )
-        return errors.success(body)
+        # Over HTTP the id TokenGate answered with; over stdio one per call.
+        request_id = serving.accepted(request_header(ctx, serving.HEADER))
+        with serving.acting_for(request_id):  # the worker thread runs in a copy of it
+            return await _answer(params.name, work)
 
     return Server(
         "kandev-es",
@@ -105,13 +98,35 @@ def build_server(services: Services, secret_for: SecretSource) -> Server[Any]:
     )
 
 
-def bearer_header(ctx: ServerRequestContext[Any, Any]) -> str | None:
-    """The token of this HTTP request; None on a transport without headers."""
-    request = ctx.request
-    headers = getattr(request, "headers", None)
+async def _answer(name: str, work: Callable[[], dict[str, Any]]) -> CallToolResult:
+    """The tool's result: its body, or its error mapped once (mcp/errors.py)."""
+    try:
+        body = await anyio.to_thread.run_sync(work)
+    except KandevError as error:
+        status = http_status(error)
+        log.info("mcp tool=%s error=%s status=%s", name, error.code, status)
+        return errors.failure(error)
+    except Exception as error:
+        return errors.unexpected(error)
+    log.info(
+        "mcp tool=%s workspace=%s task=%s outcome=%s",
+        name, body.get("workspace_id"), body.get("id"), body.get("outcome"),
+    )
+    return errors.success(body)
+
+
+def request_header(ctx: ServerRequestContext[Any, Any], name: str) -> str | None:
+    """A header of this HTTP request; None on a transport without headers."""
+    headers = getattr(ctx.request, "headers", None)
     if headers is None:
         return None
-    return bearer_of(str(headers.get("authorization", "")))
+    value = headers.get(name.lower())
+    return None if value is None else str(value)
+
+
+def bearer_header(ctx: ServerRequestContext[Any, Any]) -> str | None:
+    """The token of this HTTP request; None on a transport without headers."""
+    return bearer_of(request_header(ctx, "authorization") or "")
 
 
 def serve_stdio(services: Services, token: str | None) -> None:
@@ -129,18 +144,30 @@ def serve_stdio(services: Services, token: str | None) -> None:
     anyio.run(run)
 
 
-def _no_store(send: Send) -> Send:
-    """``send`` adding the REST API's Cache-Control (errors.NO_STORE) to
-    every answer: a create tool's result carries its creation_handle."""
-    name, value = (part.encode() for part in NO_STORE)
+def _answer_headers(send: Send, request_id: str) -> Send:
+    """``send`` adding the REST API's Cache-Control (errors.NO_STORE: a create
+    tool's result carries its creation_handle) and the request's X-Request-Id
+    to every answer."""
+    added = {
+        NO_STORE[0].lower().encode(): NO_STORE[1].encode(),
+        serving.HEADER.lower().encode(): request_id.encode(),
+    }
 
     async def sending(message: Message) -> None:
         if message["type"] == "http.response.start":
-            headers = [h for h in message.get("headers", []) if h[0].lower() != name.lower()]
-            message = {**message, "headers": [*headers, (name.lower(), value)]}
+            headers = [h for h in message.get("headers", []) if h[0].lower() not in added]
+            message = {**message, "headers": [*headers, *added.items()]}
         await send(message)
 
     return sending
+
+
+def _with_request_id(scope: Scope, request_id: str) -> Scope:
+    """The request as the SDK (and so each tool call) sees it: its
+    X-Request-Id header is the id this answer carries."""
+    name = serving.HEADER.lower().encode()
+    headers = [h for h in scope.get("headers", []) if h[0].lower() != name]
+    return {**scope, "headers": [*headers, (name, request_id.encode())]}
 
 
 class TokenGate:
@@ -158,25 +185,33 @@ class TokenGate:
         if scope["type"] != "http":  # lifespan: the app's own startup and shutdown
             await self._app(scope, receive, send)
             return
-        send = _no_store(send)
-        secret = bearer_of(Headers(scope=scope).get("authorization", ""))
+        headers = Headers(scope=scope)
+        request_id = serving.accepted(headers.get(serving.HEADER))
+        scope, send = _with_request_id(scope, request_id), _answer_headers(send, request_id)
+        secret = bearer_of(headers.get("authorization", ""))
         try:
             if secret is None or await anyio.to_thread.run_sync(self._authenticate, secret) is None:
                 raise Unauthenticated("MCP over HTTP needs Authorization: Bearer <a valid token>")
             if scope["method"] != "POST":
                 raise MethodNotAllowed("this MCP server keeps no sessions: POST each message")
         except KandevError as error:
-            headers: dict[str, str] = {}
-            if isinstance(error, Unauthenticated):
-                headers["WWW-Authenticate"] = "Bearer"
-            if isinstance(error, MethodNotAllowed):
-                headers["Allow"] = "POST"
-            if http_status(error) == 503:
-                headers["Retry-After"] = "1"
-            response = JSONResponse(error.to_dict(), http_status(error), headers=headers)
-            await response(scope, receive, send)
+            with serving.acting_for(request_id):
+                await _refuse(error, scope, receive, send)
             return
         await self._app(scope, receive, send)
+
+
+async def _refuse(error: KandevError, scope: Scope, receive: Receive, send: Send) -> None:
+    headers: dict[str, str] = {}
+    if isinstance(error, Unauthenticated):
+        headers["WWW-Authenticate"] = "Bearer"
+    if isinstance(error, MethodNotAllowed):
+        headers["Allow"] = "POST"
+    if http_status(error) == 503:
+        headers["Retry-After"] = "1"
+    body = serving.with_request_id(error.to_dict())
+    response = JSONResponse(body, http_status(error), headers=headers)
+    await response(scope, receive, send)
 
 
 def http_app(services: Services, host: str, path: str = "/mcp") -> ASGIApp:

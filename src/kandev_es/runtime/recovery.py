@@ -4,11 +4,13 @@ Completed or Aborted with the same driver the creating request uses."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
 import threading
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -19,6 +21,7 @@ from kandev_es.creation.steps.registry import steps_for
 from kandev_es.domain.errors import DomainRuleBroken
 from kandev_es.domain.identity import Identity, Tenure
 from kandev_es.errors import StoreUnavailable, UnknownStep
+from kandev_es.observability import serving, tracing
 from kandev_es.projections.runner import ProjectionRunner
 from kandev_es.runtime.agents import ExitedAgents
 from kandev_es.storage.database import Database
@@ -201,7 +204,8 @@ class Runtime:
                 continue
             try:
                 last = tenure.takeovers >= self._attempts
-                recovery = self._act(identity_id, number, epoch, resumes + 1, last)
+                with self._for_claimant(tenure, identity_id):
+                    recovery = self._act(identity_id, number, epoch, resumes + 1, last)
             except StoreUnavailable:
                 raise
             except Exception as error:
@@ -271,8 +275,27 @@ class Runtime:
         except UnknownStep:
             # Planned by a newer version: left, untouched, for a runtime that knows it.
             return None
+        with self._for_claimant(tenure, identity_id):
+            return self._recover(identity, number, now)
+
+    @staticmethod
+    @contextlib.contextmanager
+    def _for_claimant(tenure: Tenure, identity_id: uuid.UUID) -> Iterator[None]:
+        """Work done for the request that claimed the tenure (unless a request
+        of its own asked for it): its log lines carry that request's id, its
+        trace (``recover``) links to that request's trace."""
+        acting_for = serving.current_request_id() or tenure.request_id
+        with serving.acting_for(acting_for), tracing.linked(
+            "recover", tenure.traceparent, **{"kandev.identity": str(identity_id)}
+        ):
+            yield
+
+    def _recover(self, identity: Identity, number: int, now: datetime) -> Recovery | None:
+        identity_id = identity.id
         try:
-            epoch = identity.recover(number, self.owner_id, now + self._lease)
+            epoch = identity.recover(
+                number, self.owner_id, now + self._lease, serving.current_request_id()
+            )
             self._app.save_atomically(identity)
         except (VersionConflict, DomainRuleBroken):
             return None  # another runtime, or the owner, got there first

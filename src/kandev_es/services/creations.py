@@ -41,6 +41,8 @@ class CreationStatusService:
             "released": tenure.released,
             "outcome": tenure.outcome,
             "plan_hash": tenure.plan_hash,
+            # The request that claimed it (its X-Request-Id): None before request ids.
+            "request_id": tenure.request_id,
             "steps": [
                 {
                     "name": name,

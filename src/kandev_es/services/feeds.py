@@ -48,15 +48,33 @@ class FeedItem:
     envelope: dict[str, Any]
 
 
+def _everything_visible() -> int | None:
+    return None
+
+
+# How far a reader may read (``Tasks.settled_head``): None, everything visible.
+Horizon = Callable[[], int | None]
+
+
 def read_feed(
-    database: Database, workspace_id: uuid.UUID, after: int, limit: int
+    database: Database,
+    workspace_id: uuid.UUID,
+    after: int,
+    limit: int,
+    settled: Horizon = _everything_visible,
 ) -> list[FeedItem]:
+    """Feed rows after ``after``, only up to the settled position: rows are
+    written in the saves' transactions (projections/inline.py), which commit
+    out of position order, and a cursor must never pass a row still to come."""
     workspace = workspace_id if database.backend == "postgres" else str(workspace_id)
+    bound = settled()
+    upto = "" if bound is None else " AND position <= ?"
+    params: tuple[Any, ...] = (workspace, after) if bound is None else (workspace, after, bound)
     with database.transaction() as tx:
         rows = tx.execute(
             "SELECT position, event_id, type, subject, timestamp, data FROM feed_events"
-            " WHERE workspace_id = ? AND position > ? ORDER BY position LIMIT ?",
-            (workspace, after, limit),
+            f" WHERE workspace_id = ? AND position > ?{upto} ORDER BY position LIMIT ?",
+            (*params, limit),
         )
     source = feed_source(workspace_id)
     return [
@@ -76,9 +94,13 @@ def read_feed(
 
 
 def feed_page(
-    database: Database, workspace_id: uuid.UUID, after: int, limit: int
+    database: Database,
+    workspace_id: uuid.UUID,
+    after: int,
+    limit: int,
+    settled: Horizon = _everything_visible,
 ) -> dict[str, Any]:
-    items = read_feed(database, workspace_id, after, limit + 1)
+    items = read_feed(database, workspace_id, after, limit + 1, settled)
     page = items[:limit]
     return {
         "items": [item.envelope for item in page],
@@ -94,6 +116,7 @@ def sse_stream(
     max_seconds: float,
     poll_seconds: float = 0.5,
     ended: EndReason = _still_allowed,
+    settled: Horizon = _everything_visible,
     stopping: threading.Event = SERVER_STOPPING,
 ) -> Iterator[str]:
     """Server-Sent Events: ``id`` is the feed cursor, so a client reconnecting
@@ -114,7 +137,7 @@ def sse_stream(
             yield ": stream closed: server stopping\n\n"
             return
         try:
-            items = read_feed(database, workspace_id, cursor, 100)
+            items = read_feed(database, workspace_id, cursor, 100, settled)
             now = time.monotonic()
             if items or now - checked >= HEARTBEAT_SECONDS:
                 checked = now

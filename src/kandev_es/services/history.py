@@ -75,6 +75,12 @@ def identity_history(
     }
 
 
+def _request(entry: dict[str, Any]) -> str:
+    """Which request did it (its X-Request-Id), when one was recorded."""
+    request_id = entry.get("request_id")
+    return f", request {request_id}" if request_id else ""
+
+
 def _describe(entry: dict[str, Any]) -> str:
     kind = entry["event"]
     if kind == "Registered":
@@ -83,7 +89,7 @@ def _describe(entry: dict[str, Any]) -> str:
         return (
             f"CLAIMED by {entry['actor']} for task {entry['task_id']}"
             f" (owner {entry['owner_id']}, lease until {entry['lease_expires_at']},"
-            f" plan {str(entry['plan_hash'])[:12]})"
+            f" plan {str(entry['plan_hash'])[:12]}){_request(entry)}"
         )
     if kind == "StepRecorded":
         evidence = entry.get("evidence") or {}
@@ -92,7 +98,7 @@ def _describe(entry: dict[str, Any]) -> str:
             f" evidence: {shown}" if shown else ""
         )
     if kind == "RecoveryClaimed":
-        return f"RECOVERY by {entry['owner_id']}, epoch {entry['epoch']}"
+        return f"RECOVERY by {entry['owner_id']}, epoch {entry['epoch']}{_request(entry)}"
     if kind == "Completing":
         return "completing (all required steps proven)"
     if kind == "Completed":
@@ -107,7 +113,7 @@ def _describe(entry: dict[str, Any]) -> str:
         actor = entry.get("actor") or UNKNOWN_ACTOR
         return (
             f"RELEASED, operation {entry['operation_id']}, reason {entry['reason']}{extra},"
-            f" by {actor}"
+            f" by {actor}{_request(entry)}"
         )
     if kind == "WorkspaceDeletionRecorded":
         return (

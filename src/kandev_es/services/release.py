@@ -21,6 +21,7 @@ from kandev_es.errors import (
     ReleaseConflict,
     TaskNotFound,
 )
+from kandev_es.observability.serving import current_request_id
 from kandev_es.storage.attestation import AttestationGuard
 from kandev_es.views import task_dto
 
@@ -105,7 +106,10 @@ class ReleaseService:
             )
         task = self._app.load(holder.task_id, Task)
         assert task is not None
-        identity.release(holder.number, operation_id, "operator", actor=actor)
+        identity.release(
+            holder.number, operation_id, "operator", actor=actor,
+            request_id=current_request_id(),
+        )
         changed: list[Any] = [identity]
         if holder.phase == COMPLETED:
             # One immutable task.updated comes from this event (revision + 1).

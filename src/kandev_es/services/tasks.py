@@ -24,6 +24,7 @@ from kandev_es.errors import (
     TaskNotFound,
     ValidationFailed,
 )
+from kandev_es.observability.serving import current_request_id
 from kandev_es.storage.database import Database
 from kandev_es.views import task_dto
 
@@ -143,7 +144,8 @@ class TaskService:
             holder = identity.holder if identity else None
             if identity is not None and holder is not None and holder.task_id == task.id:
                 identity.release(
-                    holder.number, f"task-delete:{task.id}", "task_deleted", actor=principal.actor
+                    holder.number, f"task-delete:{task.id}", "task_deleted",
+                    actor=principal.actor, request_id=current_request_id(),
                 )
             task.delete()
             _give_back_wip(ledger, task)

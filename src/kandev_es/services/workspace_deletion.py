@@ -19,6 +19,7 @@ from kandev_es.domain.task import Task
 from kandev_es.domain.token import ApiToken, end_run, run_credential_id_of_task
 from kandev_es.domain.workspace import Workspace
 from kandev_es.errors import Conflict, WorkspaceNotFound
+from kandev_es.observability.serving import current_request_id
 from kandev_es.projections.runner import ProjectionRunner
 from kandev_es.storage.database import Database
 
@@ -97,7 +98,8 @@ class WorkspaceDeletionService:
                     continue  # re-read: it is settled now
                 if tenure.phase == COMPLETED and tenure.holds:
                     identity.release(
-                        tenure.number, operation, "workspace_deleted", generation, actor=actor
+                        tenure.number, operation, "workspace_deleted", generation, actor=actor,
+                        request_id=current_request_id(),
                     )
                 task.delete()
                 self._app.save_atomically(identity, task, *ended)
@@ -113,7 +115,9 @@ class WorkspaceDeletionService:
         epoch = identity.recover(number, operation, datetime.now(UTC) + self._lease)
         if tenure.phase == PREPARING:
             # Also when an operator already released it: the generation is recorded.
-            identity.record_workspace_deletion(number, operation, generation, actor=actor)
+            identity.record_workspace_deletion(
+                number, operation, generation, actor=actor, request_id=current_request_id()
+            )
         self._app.save_atomically(identity)
         # Preparing aborts (the workspace is deleted); completing completes. If
         # someone newer acts on it instead, the next pass re-reads.

@@ -10,7 +10,7 @@ from kandev_es.application import Tasks, VersionConflict
 from kandev_es.domain.errors import DomainRuleBroken
 from kandev_es.domain.workspace import Workspace, workspace_id_for
 from kandev_es.errors import BadRequest, Conflict, WorkspaceExists, WorkspaceNotFound
-from kandev_es.storage.counters import ensure_counter
+from kandev_es.storage.counters import advance_counter, ensure_counter
 from kandev_es.storage.database import Database
 
 # Bounds the walk over a name's deleted incarnations (each one a load).
@@ -83,6 +83,18 @@ class WorkspaceService:
         return self._app.retry_on_conflict(
             lambda: self.get(workspace_id), set_limit, contended="workspace is contended; retry"
         )
+
+    def advance_numbers(
+        self, by: int, only: uuid.UUID | None = None
+    ) -> list[tuple[Workspace, int]]:
+        """Move each live workspace's task numbering (or only ``only``'s) ``by``
+        past the last number issued; each with the lowest number it issues next."""
+        if by < 1:
+            raise BadRequest("advance the numbering by at least 1")
+        chosen = self.list_live() if only is None else [self.get(only)]
+        if None in chosen:
+            raise WorkspaceNotFound("workspace not found")
+        return [(w, advance_counter(self._database, w.id, by)) for w in chosen if w]
 
     def get_by_name(self, name: str) -> Workspace | None:
         return self._live(name)

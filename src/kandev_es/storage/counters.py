@@ -25,3 +25,30 @@ def ensure_counter(database: Database, workspace_id: uuid.UUID) -> None:
     )
     with database.transaction() as tx:
         tx.execute(statement.as_string(None))
+
+
+def advance_counter(database: Database, workspace_id: uuid.UUID, by: int) -> int:
+    """Move the workspace's counter ``by`` numbers past the last one it issued,
+    in one statement; return the lowest number it can issue next. After a
+    restore from a dump, numbers issued after the backup are not in it: moving
+    past them keeps a new task from taking one a caller already saw."""
+    if database.backend != "postgres":
+        with database.transaction() as tx:
+            [(last,)] = tx.execute(
+                "INSERT INTO office_counters (workspace_id, last_value) VALUES (?, ?)"
+                " ON CONFLICT (workspace_id) DO UPDATE SET last_value = last_value + ?"
+                " RETURNING last_value",
+                (str(workspace_id), by, by),
+            )
+        return int(last) + 1
+    from psycopg import sql
+
+    ensure_counter(database, workspace_id)
+    sequence = sql.Identifier(sequence_name(workspace_id))
+    statement = sql.SQL(
+        "SELECT setval(?::regclass, (SELECT CASE WHEN is_called THEN last_value"
+        " ELSE last_value - 1 END FROM {0}) + ?)"
+    ).format(sequence)
+    with database.transaction() as tx:
+        [(last,)] = tx.execute(statement.as_string(None), (sequence.as_string(None), by))
+    return int(last) + 1

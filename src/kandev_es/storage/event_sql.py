@@ -42,20 +42,30 @@ def upgrade_statement(table: Composable, table_sql: str) -> Composed:
     ).format(name=name, table=table)
 
 
-def insert_function(function: Composable, table: Composable) -> Composed:
+def drop_old_insert_function(function: Composable) -> Composed:
+    """The six-argument ``kandev_insert_events`` of earlier versions: beside
+    the seven-argument one a six-argument call would be ambiguous."""
+    return SQL(
+        "DROP FUNCTION IF EXISTS {function}(uuid[], bigint[], text[], bytea[], uuid[], bigint[])"
+    ).format(function=function)
+
+
+def insert_function(function: Composable, table: Composable, apply_views: Composable) -> Composed:
     """``kandev_insert_events``: the streams' locks (sorted, so two saves never
     deadlock; exclusive for written streams, shared for guard streams), then
     the guard, then the insert, in one statement. No table lock: readers cope
     with ids committing out of order (settled.py). Only under READ COMMITTED:
     the guard must read with a snapshot taken after the locks are granted,
     and a REPEATABLE READ or SERIALIZABLE transaction's snapshot is older (it
-    would pass a guard whose stream moved while it waited), so it refuses."""
+    would pass a guard whose stream moved while it waited), so it refuses.
+    Then, in the same transaction, the inline projections' rows (``views``,
+    storage/view_writes.py) with the ids the insert drew, in insert order."""
     return SQL(
         "CREATE OR REPLACE FUNCTION {function}("
         "ids uuid[], versions bigint[], topics text[], states bytea[],"
-        " guard_ids uuid[], guard_versions bigint[])"
+        " guard_ids uuid[], guard_versions bigint[], views jsonb DEFAULT NULL)"
         " RETURNS SETOF bigint LANGUAGE plpgsql AS $BODY$"
-        " DECLARE key bigint; exclusive boolean;"
+        " DECLARE key bigint; exclusive boolean; positions bigint[];"
         " BEGIN"
         "  IF current_setting('transaction_isolation') <> 'read committed' THEN"
         "   RAISE EXCEPTION 'kandev_insert_events needs READ COMMITTED, not %',"
@@ -72,9 +82,13 @@ def insert_function(function: Composable, table: Composable) -> Composed:
         "   IF EXISTS (SELECT 1 FROM {table} WHERE originator_id = guard_ids[i]"
         "    AND originator_version > guard_versions[i]) THEN RETURN; END IF;"
         "  END LOOP;"
-        "  RETURN QUERY INSERT INTO {table}"
+        "  WITH inserted AS (INSERT INTO {table}"
         "   (originator_id, originator_version, topic, state)"
         "   SELECT * FROM unnest(ids, versions, topics, states)"
-        "   RETURNING notification_id;"
+        "   RETURNING notification_id)"
+        "  SELECT array_agg(notification_id ORDER BY notification_id) INTO positions"
+        "   FROM inserted;"  # one statement draws its ids in row order
+        "  IF views IS NOT NULL THEN PERFORM {apply_views}(views, positions); END IF;"
+        "  RETURN QUERY SELECT unnest(positions);"
         " END $BODY$"
-    ).format(function=function, table=table)
+    ).format(function=function, table=table, apply_views=apply_views)

@@ -52,14 +52,20 @@ from psycopg_pool import PoolTimeout
 
 from kandev_es.storage.breaker import means_node_lost, means_read_only
 from kandev_es.storage.counters import sequence_name
-from kandev_es.storage.event_sql import insert_function, upgrade_statement
+from kandev_es.storage.event_sql import (
+    drop_old_insert_function,
+    insert_function,
+    upgrade_statement,
+)
 from kandev_es.storage.notifier import SaveNotifier
 from kandev_es.storage.pools import serve_most_recent_first
-from kandev_es.storage.settled import Horizon, Settled
+from kandev_es.storage.settled import Horizon, Settled, Writers
 from kandev_es.storage.streams import Since, StreamsAdvanced, Versions
+from kandev_es.storage.view_writes import APPLY_VIEWS, ViewsFailed, postgres_function, views_json
 
 F = TypeVar("F", bound=Callable[..., Any])
 FAST_FAILURE_S = 0.25
+SETTLE_WAIT_S = 1.0
 SET_READ_COMMITTED = "SET default_transaction_isolation = 'read committed'"
 
 
@@ -319,10 +325,12 @@ class KandevPostgresRecorder(PostgresApplicationRecorder):
         schema = Identifier(self.datastore.schema)
         table = SQL("{0}.{1}").format(schema, Identifier(self.events_table_name))
         self._table_sql = table.as_string(None)
+        self.events_table_sql = self._table_sql  # for a rebuild's switch (projections/rebuild.py)
         self._select_streams_sql: dict[int, str] = {}
         self._drawing_sql: dict[int, str] = {}
         self._read_committed: weakref.WeakSet[Any] = weakref.WeakSet()
         self.horizon = Horizon(self._table_sql)
+        self.writers = Writers(self._table_sql)
         # Named columns, not the library's SELECT *: a prepared SELECT * fails
         # ("cached plan must not change result type") once a column is added.
         self.select_events_statement = SQL(
@@ -339,11 +347,19 @@ class KandevPostgresRecorder(PostgresApplicationRecorder):
         # out after the commit, coalesced per process (notifier.py). Plain
         # arrays, not the composite type, sent in binary (%b): the text form of
         # a bytea array cost more to escape and parse than the insert itself.
+        # The inline projections' rows go in the same statement, as JSON
+        # (storage/view_writes.py), written by a function of their own.
+        schema_sql = schema.as_string(None)
+        apply_views = SQL("{0}.{1}").format(schema, Identifier(APPLY_VIEWS))
+        self.sql_create_statements.append(
+            SQL(postgres_function(apply_views.as_string(None), schema_sql))  # type: ignore[arg-type]
+        )
         function = SQL("{0}.kandev_insert_events").format(schema)
-        self.sql_create_statements.append(insert_function(function, table))
+        self.sql_create_statements.append(drop_old_insert_function(function))
+        self.sql_create_statements.append(insert_function(function, table, apply_views))
         self._insert_sql = SQL(
             "SELECT {0}(%b::uuid[], %b::bigint[], %b::text[], %b::bytea[],"
-            " %b::uuid[], %b::bigint[])"
+            " %b::uuid[], %b::bigint[], %s::jsonb)"
         ).format(function).as_string(None)
         self._notify_sql = SQL("NOTIFY {0}").format(Identifier(self.channel_name)).as_string(None)
         self.notifier = SaveNotifier(self._notify)
@@ -371,8 +387,15 @@ class KandevPostgresRecorder(PostgresApplicationRecorder):
                 pack_byteas([e.state for e in stored_events]),
                 pack_uuids(list(unchanged)),
                 pack_int8s(list(unchanged.values())),
+                views_json(kwargs.get("views")),
             )
-            rows = _tuples(conn).execute(self._insert_sql, params, prepare=True).fetchall()
+            try:
+                rows = _tuples(conn).execute(self._insert_sql, params, prepare=True).fetchall()
+            except psycopg.Error as error:
+                # Autocommit: the statement's transaction is rolled back whole.
+                if APPLY_VIEWS in (error.diag.context or ""):
+                    raise ViewsFailed(f"a read model refused the save: {error}") from None
+                raise
         if not rows:
             raise StreamsAdvanced("a stream this save depends on has moved on")
         self.notifier.saved()
@@ -420,6 +443,33 @@ class KandevPostgresRecorder(PostgresApplicationRecorder):
         head, xid = int(row[0]), row[1]
         if xid is not None:
             self.horizon.add(head, int(xid))
+        return head
+
+    def settled_head(self, wait: float = SETTLE_WAIT_S) -> int:
+        """A position at or above every event committed before the call, all
+        of whose events have committed (for readers of rows written inline:
+        settled.py, ``Writers``). Waits up to ``wait`` for the saves under
+        way to end; after that, the highest position settled so far."""
+        with _Pooled(self.datastore.pool) as conn:
+            row = _tuples(conn).execute(
+                self.writers.head_sql, (self._table_sql,), prepare=True
+            ).fetchone()
+        assert row is not None
+        head, writing = int(row[0]), list(row[1])
+        deadline = time.monotonic() + wait
+        pause = 0.001
+        while writing:
+            if time.monotonic() + pause > deadline:
+                self.checkpoint()
+                return self.read_settled(head, 0).position
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
+            with _Pooled(self.datastore.pool) as conn:
+                row = _tuples(conn).execute(
+                    self.writers.still_sql, (writing,), prepare=True
+                ).fetchone()
+            assert row is not None
+            writing = list(row[0])
         return head
 
     @_retry_once_after_pool_check

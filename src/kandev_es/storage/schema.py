@@ -6,6 +6,14 @@ from __future__ import annotations
 from kandev_es.storage.database import Database
 from kandev_es.storage.ledger import ledger_ddl
 
+# Each read model written inline (in the saves' transactions) and the position
+# from which it was: the events at or below it were applied by the projection
+# loop before (projections/handover.py). A row is never changed.
+INLINE_DDL = (
+    "CREATE TABLE IF NOT EXISTS inline_projections ("
+    " name TEXT PRIMARY KEY, since BIGINT NOT NULL)"
+)
+
 SQLITE_DDL = (
     "CREATE TABLE IF NOT EXISTS projection_tracking ("
     " name TEXT PRIMARY KEY, position INTEGER NOT NULL)",
@@ -33,6 +41,7 @@ SQLITE_DDL = (
     "CREATE UNIQUE INDEX IF NOT EXISTS feed_events_event_id ON feed_events (event_id)",
     "CREATE INDEX IF NOT EXISTS feed_events_workspace ON feed_events (workspace_id, position)",
     "CREATE TABLE IF NOT EXISTS feed_tasks (task_id TEXT PRIMARY KEY, dto TEXT NOT NULL)",
+    INLINE_DDL,
 )
 
 POSTGRES_DDL = (
@@ -59,6 +68,7 @@ POSTGRES_DDL = (
     "CREATE UNIQUE INDEX IF NOT EXISTS feed_events_event_id ON feed_events (event_id)",
     "CREATE INDEX IF NOT EXISTS feed_events_workspace ON feed_events (workspace_id, position)",
     "CREATE TABLE IF NOT EXISTS feed_tasks (task_id UUID PRIMARY KEY, dto TEXT NOT NULL)",
+    INLINE_DDL,
 )
 
 IDENTITY_INDEX = "identities_view_external_id"

@@ -10,8 +10,11 @@ an id that may still appear. This module finds how far that is safe.
   default in ``recorders.UPGRADE``), so a transaction that drew an id has a
   lower transaction id than any transaction id assigned after the draw.
 - A **checkpoint** (L, U): L is the highest id visible in one statement's
-  snapshot, U a transaction id that same statement assigns. Every id <= L
-  was drawn before that snapshot, by a transaction with an id below U.
+  snapshot, U that snapshot's xmax (the first transaction id not yet
+  assigned when it was taken). Every id <= L was drawn before L was (ids are
+  drawn one at a time, in time order), so before that snapshot, by a
+  transaction that already had its id: one below U. Taking a checkpoint
+  assigns no transaction id, so it writes nothing (no WAL flush, no commit).
 - Once a later statement's ``pg_snapshot_xmin(pg_current_snapshot())`` is
   >= U, every transaction below U has ended (PostgreSQL: ids below xmin are
   committed and visible, or rolled back), so every id <= L that will ever
@@ -60,7 +63,7 @@ class Horizon:
         self.checkpoint_sql = (
             f"SELECT coalesce(max(notification_id), 0),"
             f" CASE WHEN coalesce(max(notification_id), 0) > %s"
-            f" THEN pg_current_xact_id()::text END FROM {table_sql}"
+            f" THEN pg_snapshot_xmax(pg_current_snapshot())::text END FROM {table_sql}"
         )
         self._read_sql: dict[bool, str] = {
             filtered: self._read_statement(table_sql, filtered) for filtered in (False, True)
@@ -145,3 +148,35 @@ class Horizon:
             if notification_id is not None
         ]
         return Settled(notifications, bound)
+
+
+class Writers:
+    """The settled head for readers of rows written inline (the feeds), by
+    the saves under way on this events table only -- a long transaction
+    elsewhere in the cluster (another database, a backup) holds the xmin of
+    ``Horizon`` back, but not this.
+
+    Every save inserts into the events table, and so holds its ROW EXCLUSIVE
+    lock from before it draws an id until it ends. In one statement: H, the
+    highest id visible, and W, the transactions holding that lock (granted).
+    An id <= H not visible then was drawn before H was, by a save under way
+    then: one in W, or one that ended between the snapshot and the lock scan
+    (visible to any later statement). Once no transaction of W is still
+    running, every id <= H that will ever exist is visible to a later
+    statement: H is settled. A save still waiting for the lock has drawn
+    nothing, and will draw above H."""
+
+    def __init__(self, table_sql: str) -> None:
+        self.head_sql = (
+            "SELECT coalesce(max(notification_id), 0), ARRAY(SELECT l.virtualtransaction"
+            "  FROM pg_locks l WHERE l.locktype = 'relation' AND l.relation = %s::regclass"
+            "  AND l.database = (SELECT oid FROM pg_database"
+            "   WHERE datname = current_database())"
+            "  AND l.mode = 'RowExclusiveLock' AND l.granted AND l.pid <> pg_backend_pid())"
+            f" FROM {table_sql}"
+        )
+        # Each running transaction holds the lock on its own virtual id.
+        self.still_sql = (
+            "SELECT ARRAY(SELECT virtualxid FROM pg_locks WHERE locktype = 'virtualxid'"
+            " AND virtualxid = ANY(%s::text[]))"
+        )

@@ -16,6 +16,7 @@ from eventsourcing.sqlite import SQLiteApplicationRecorder
 
 from kandev_es.storage.settled import Settled
 from kandev_es.storage.streams import Since, StreamsAdvanced, Versions
+from kandev_es.storage.view_writes import ViewRows, apply_sqlite
 
 
 class KandevSQLiteRecorder(SQLiteApplicationRecorder):
@@ -86,6 +87,9 @@ class KandevSQLiteRecorder(SQLiteApplicationRecorder):
                 )
                 if c.fetchone() is not None:
                     raise StreamsAdvanced("a stream this save depends on has moved on")
+        views: ViewRows | None = kwargs.get("views")
+        if views:  # the inline projections' rows, in this transaction
+            apply_sqlite(c, views, list(ids or ()))
         return ids
 
 

@@ -39,20 +39,38 @@ class Creation:
     attempts: int
 
 
-class ClientError(Exception):
-    """The server answered with an error that retrying will not change."""
+REQUEST_ID_HEADER = "X-Request-Id"
 
-    def __init__(self, status: int, body: Any) -> None:
+
+class ClientError(Exception):
+    """The server answered with an error that retrying will not change.
+    ``request_id`` is the id the server gave the request (its error body's
+    ``request_id``, else its ``X-Request-Id``): quote it to an operator."""
+
+    def __init__(self, status: int, body: Any, request_id: str | None = None) -> None:
         # The machine-readable code is the error body's ``error`` (api/errors.py).
         code = body.get("error") if isinstance(body, dict) else None
-        super().__init__(f"{status} {code or ''}: {body}")
+        if isinstance(body, dict) and isinstance(body.get("request_id"), str):
+            request_id = body["request_id"]
+        shown = f" (request {request_id})" if request_id else ""
+        super().__init__(f"{status} {code or ''}: {body}{shown}")
         self.status = status
         self.code = code
         self.body = body
+        self.request_id = request_id
+
+    @classmethod
+    def of(cls, response: httpx.Response) -> ClientError:
+        return cls(response.status_code, _body(response), response.headers.get(REQUEST_ID_HEADER))
 
 
 class DeadlineExceeded(Exception):
-    """Retries ran out of time; the last failure is the cause."""
+    """Retries ran out of time; the last failure is the cause. ``request_id``:
+    the last attempt's, when the server answered it."""
+
+    def __init__(self, message: str, request_id: str | None = None) -> None:
+        super().__init__(message + (f" (last request {request_id})" if request_id else ""))
+        self.request_id = request_id
 
 
 @dataclass(frozen=True)
@@ -143,9 +161,11 @@ class Client:
             # The server's Retry-After is honoured as given; our own backoff is capped.
             wait = _retry_after(response, delay)
             if time.monotonic() + wait >= ends:
+                last = None
                 if response is not None:
-                    failure = ClientError(response.status_code, _body(response))
-                raise DeadlineExceeded(f"gave up after {attempts} attempts") from failure
+                    failure = ClientError.of(response)
+                    last = failure.request_id
+                raise DeadlineExceeded(f"gave up after {attempts} attempts", last) from failure
             time.sleep(wait)
             delay = min(delay * 2, self.max_backoff)
 
@@ -219,10 +239,10 @@ class Client:
                         # Busy (all stream slots taken): wait as the server says.
                         response.read()
                         wait = _retry_after(response, self.backoff)
-                        failure = ClientError(response.status_code, _body(response))
+                        failure = ClientError.of(response)
                     elif response.status_code != 200:
                         response.read()
-                        raise ClientError(response.status_code, _body(response))
+                        raise ClientError.of(response)
                     else:
                         ends = time.monotonic() + self.deadline  # connected: a quiet feed is fine
                         for event in _parse_sse(response.iter_lines()):
@@ -233,7 +253,8 @@ class Client:
                 failure = error  # dropped: resume from `last`
             # Reconnected within `deadline` of the last connection or event, or not at all.
             if time.monotonic() + wait >= ends:
-                raise DeadlineExceeded("event stream did not come back") from failure
+                last = failure.request_id if isinstance(failure, ClientError) else None
+                raise DeadlineExceeded("event stream did not come back", last) from failure
             time.sleep(wait)
 
 
@@ -270,6 +291,6 @@ def _body(response: httpx.Response) -> Any:
 
 def _ok(response: httpx.Response) -> dict[str, Any]:
     if response.status_code >= 400:
-        raise ClientError(response.status_code, _body(response))
+        raise ClientError.of(response)
     body: dict[str, Any] = response.json()
     return body

@@ -23,6 +23,7 @@ from kandev_es.creation.steps.base import RunCredentials, StepContext, StepFaile
 from kandev_es.domain.agent_session import session_id_for
 from kandev_es.domain.token import RunCredentialRevoked
 from kandev_es.errors import AgentLaunchFailed, AgentLimitReached
+from kandev_es.observability import tracing
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +139,10 @@ class AgentLaunchStep:
             KANDEV_API_URL=ctx.settings.agent_api_url or ctx.settings.public_url,
             KANDEV_WORKTREE=str(cwd),
         )
+        # The launch's span: the agent's own work (agentctl) joins the trace.
+        parent = tracing.traceparent()
+        if parent is not None:
+            env["TRACEPARENT"] = parent
         command = shlex.split(ctx.settings.agent_command)
         try:
             with log_path.open("ab") as log:

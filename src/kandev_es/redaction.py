@@ -1,0 +1,29 @@
+"""Secrets blanked out of every log line (the access line, the application's
+text and JSON lines): an audit link's secret however its parameter is spelt,
+bearer and run secrets by their prefix (``kes_``, ``kal_``), and the password
+of a database URL (in its authority or a ``password=`` parameter)."""
+
+from __future__ import annotations
+
+import re
+
+_SECRETS = re.compile(
+    r"(?i)(audit(?:_|%5f)link=)[^&\s\"]*"
+    r"|\b(kal|kes)_[A-Za-z0-9_\-]+"
+    r"|(://[^:/@\s\"]*:)[^@\s\"]*(@)"
+    r"|\b(password=)[^&\s\"]*"
+)
+
+
+def _blank(match: re.Match[str]) -> str:
+    if match.group(1):
+        return f"{match.group(1)}[redacted]"
+    if match.group(2):
+        return f"{match.group(2)}_[redacted]"
+    if match.group(3):
+        return f"{match.group(3)}***{match.group(4)}"
+    return f"{match.group(5)}***"
+
+
+def redact(text: str) -> str:
+    return _SECRETS.sub(_blank, text)
