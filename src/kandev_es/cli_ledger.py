@@ -88,6 +88,7 @@ def backfill_ledger() -> str:
     services = open_store()
     try:
         services.ledger.catch_up()
+        services.ledger.fill_chains()
         from kandev_es.services.ledger import latest_checkpoint
 
         size = latest_checkpoint(services.database).split("\n")[1]

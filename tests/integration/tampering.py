@@ -70,8 +70,9 @@ def rewrite(services, stream) -> int:
                           " WHERE originator_id = ? ORDER BY originator_version", (key,))
         hashes = chains.chain(stream, [(int(v), t, bytes(s)) for v, t, s in rows])
         for (version, _, _), value in zip(rows, hashes, strict=True):
-            tx.execute("UPDATE ledger_leaves SET chain_hash = ? WHERE originator_id = ?"
-                       " AND originator_version = ?", (value, key, int(version)))
+            for where in ("ledger_leaves", table):
+                tx.execute(f"UPDATE {where} SET chain_hash = ? WHERE originator_id = ?"
+                           " AND originator_version = ?", (value, key, int(version)))
         tree = merkle.MemoryTree()
         for (value,) in tx.execute("SELECT chain_hash FROM ledger_leaves ORDER BY leaf_index"):
             tree.append(bytes(value))

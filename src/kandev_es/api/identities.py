@@ -18,7 +18,7 @@ from kandev_es.api.context import path_uuid, principal, services
 from kandev_es.api.errors import document_errors
 from kandev_es.domain.external_id import require_external_id
 from kandev_es.domain.principal import require_auditor
-from kandev_es.errors import InvalidCheckpointRange, Unauthenticated
+from kandev_es.errors import CheckpointNotFound, InvalidCheckpointRange
 from kandev_es.services import ledger
 from kandev_es.services.history import identity_history
 
@@ -44,6 +44,11 @@ class IdentityHistorySchema(Schema):
         fields.Dict(), required=True,
         metadata={"description": "every event in order: version, timestamp, event (its "
                   "name, e.g. Claimed, Completed, Released, Aborted) and its fields"},
+    )
+    proof = fields.Dict(
+        metadata={"description": "with proof=1: the proof bundle (kandev-es/proof-bundle/v1: "
+                  "the events as stored, their chain hashes and inclusion proofs against "
+                  "the latest signed checkpoint; kandev-es-verify bundle checks it)"},
     )
 
 
@@ -84,8 +89,9 @@ class IdentityHistory(MethodView):
 
 
 def _any_token() -> None:
+    # As everywhere here: a missing, unknown or revoked token learns nothing (404).
     if principal() is None:
-        raise Unauthenticated("a valid bearer token is needed")
+        raise CheckpointNotFound("checkpoint not found")
 
 
 def _size(name: str, required: bool) -> int | None:
@@ -97,32 +103,59 @@ def _size(name: str, required: bool) -> int | None:
     return int(raw)
 
 
+class CheckpointSchema(Schema):
+    checkpoint = fields.String(
+        required=True,
+        metadata={"description": "a C2SP tlog-checkpoint (origin, tree size, base64 root) "
+                  "signed as a C2SP signed note with Ed25519"},
+    )
+
+
+class ConsistencySchema(Schema):
+    format = fields.String(required=True, metadata={"example": "kandev-es/consistency-proof/v1"})
+    old = fields.String(required=True, metadata={"description": "the older signed checkpoint"})
+    new = fields.String(required=True, metadata={"description": "the newer signed checkpoint"})
+    proof = fields.List(fields.String(), required=True,
+                        metadata={"description": "RFC 9162 consistency proof, base64 hashes"})
+
+
 @blp.route("/ledger/checkpoint")
 class LatestCheckpoint(MethodView):
-    @blp.doc(
-        summary="The latest signed checkpoint of the Merkle log (C2SP signed note, text)",
-        responses={200: {"description": "the note", "content": {"text/plain": {}}},
-                   404: {"description": "no checkpoint signed yet"}},
-    )
-    def get(self) -> tuple[str, int, dict[str, str]]:
+    @blp.response(200, CheckpointSchema)
+    @document_errors(blp, 404, 503)
+    def get(self) -> dict[str, str]:
+        """The latest signed checkpoint of the Merkle log (any valid token)
+
+        The sequencer logs every event and signs a checkpoint every few seconds
+        (docs/auditing.md). Keep checkpoints outside the database's reach; check
+        them with `kandev-es-verify checkpoint` and the public keyring. 404 until the
+        first one is signed.
+        """
         _any_token()
-        return ledger.latest_checkpoint(services().database), 200, {
-            "Content-Type": "text/plain; charset=utf-8"}
+        return {"checkpoint": ledger.latest_checkpoint(services().database)}
 
 
 @blp.route("/ledger/consistency")
 class Consistency(MethodView):
     @blp.doc(
-        summary="A consistency proof between two signed checkpoints (kandev-es-verify)",
         parameters=[
-            {"name": "from", "in": "query", "required": True, "schema": {"type": "integer"}},
-            {"name": "to", "in": "query", "required": False, "schema": {"type": "integer"},
-             "description": "default: the latest checkpoint"},
+            {"name": "from", "in": "query", "required": True,
+             "schema": {"type": "integer", "minimum": 1},
+             "description": "the older checkpoint's tree size"},
+            {"name": "to", "in": "query", "required": False,
+             "schema": {"type": "integer", "minimum": 1},
+             "description": "the newer checkpoint's tree size (default: the latest)"},
         ],
-        responses={200: {"description": "both checkpoints and the proof"},
-                   404: {"description": "no signed checkpoint of that size"}},
     )
+    @blp.response(200, ConsistencySchema)
+    @document_errors(blp, 400, 404, 503)
     def get(self) -> dict[str, Any]:
+        """A consistency proof between two signed checkpoints (any valid token)
+
+        Proves that the log at the newer size extends the log at the older one:
+        nothing the older checkpoint covered has changed. `kandev-es-verify
+        consistency` checks it offline. 404 for a size no checkpoint was signed at.
+        """
         _any_token()
         old = _size("from", True)
         assert old is not None

@@ -172,6 +172,12 @@ class Sequencer:
         self._last_signed = time.monotonic()
         return note
 
+    def fill_chains(self) -> None:
+        """db init: the events stored before their save wrote chain hashes get them."""
+        with self.database.transaction() as tx:
+            store.fill_chain_column(tx, self.database.backend,
+                                    self.app.recorder.events_table_name)  # type: ignore[attr-defined]
+
     def catch_up(self) -> str | None:
         """Sequence everything settled and sign a checkpoint of it (``db
         init``'s backfill, tests, ``audit checkpoint --now``)."""

@@ -134,6 +134,24 @@ def _check_leaf(
                                        f" {index}): its bytes do not hash to the logged chain"))
 
 
+def _check_stored_chains(
+    events: list[_Event], stored: dict[int, bytes | None], report: LedgerReport
+) -> None:
+    """Each event's chain hash as its save wrote it, against its bytes and its
+    stream's previous stored hash (so only the event that changed is named)."""
+    by_key = {(e.stream, e.version): stored.get(e.position) for e in events}
+    for event in events:
+        value = stored.get(event.position)
+        previous = (chains.GENESIS if event.version == 1
+                    else by_key.get((event.stream, event.version - 1)))
+        if value is None or previous is None:
+            continue  # written before chains, not yet backfilled
+        if chains.chain_hash(event.stream, event.version, previous, event.topic,
+                             event.state) != value:
+            report.problems.append(Problem(str(event.stream), event.version,
+                                           "its stored chain hash does not match its bytes"))
+
+
 def _tree_from_events(
     leaves: list[tuple[int, int, uuid.UUID, int, bytes]],
     computed: dict[tuple[uuid.UUID, int], bytes],
@@ -196,6 +214,9 @@ def verify_ledger(
                                            f"position {event.position} is not in the log"))
     with database.transaction() as tx:
         notes = [(f"stored checkpoint {size}", note) for size, note in store.all_checkpoints(tx)]
+        stored = store.stored_chain_hashes(tx, database.backend,
+                                           app.recorder.events_table_name)  # type: ignore[attr-defined]
+    _check_stored_chains(events, stored, report)
     if outside is not None:
         notes.append(("the given checkpoint", outside))
     notes.sort(key=lambda item: _size(item[1]))

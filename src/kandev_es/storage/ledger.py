@@ -172,3 +172,25 @@ def leaves_page(
         (after, limit),
     )
     return [(int(i), int(n), s, int(v), bytes(h)) for i, n, s, v, h in rows]
+
+
+def _position_column(backend: str) -> str:
+    """The events table's notification id: SQLite's is the rowid."""
+    return "notification_id" if backend == "postgres" else "rowid"
+
+
+def fill_chain_column(tx: Transaction, backend: str, table: str) -> None:
+    """Rows stored before the save wrote chain hashes get the sequencer's
+    (the same hash: kandev_es_client.ledger.chain_hash over the same bytes)."""
+    position = _position_column(backend)
+    tx.execute(
+        f"UPDATE {table} SET chain_hash = (SELECT l.chain_hash FROM ledger_leaves l"
+        f" WHERE l.notification_id = {table}.{position}) WHERE chain_hash IS NULL"
+    )
+
+
+def stored_chain_hashes(tx: Transaction, backend: str, table: str) -> dict[int, bytes | None]:
+    """Every event's stored chain hash by notification id (None: not written)."""
+    position = _position_column(backend)
+    rows = tx.execute(f"SELECT {position}, chain_hash FROM {table}")
+    return {int(n): None if h is None else bytes(h) for n, h in rows}
