@@ -79,6 +79,10 @@ class ProjectionRunner:
         self._inline_due = False  # an inline position moved and is not written yet
         self._inline_position = 0  # the position last written for them
 
+    def asynchronous(self) -> bool:
+        """Whether some projection is applied by this loop (not inline)."""
+        return not all(is_inline(p) for p in self.projections)
+
     def get(self, name: str) -> Projection:
         for projection in self.projections:
             if projection.name == name:
@@ -236,20 +240,11 @@ class ProjectionRunner:
         # position) then neither locks nor writes the tracking row. On PostgreSQL
         # a row lock gives the transaction an id, so every idle pass of every
         # runner would otherwise end in a WAL flush.
-        rows = tx.execute("SELECT position FROM projection_tracking WHERE name = ?", (tracking,))
-        peeked: Settled | None = None
-        if rows:
-            seen = int(rows[0][0])
-            peeked = recorder.read_settled(seen, limit, list(topics))
-            if not peeked.notifications and peeked.position <= seen:
-                self.reached[tracking] = seen
-                return 0
-        else:
-            tx.execute(
-                "INSERT INTO projection_tracking (name, position) VALUES (?, 0)"
-                " ON CONFLICT (name) DO NOTHING",
-                (tracking,),
-            )
+        seen, peeked = self._peek(tx, tracking, limit, topics)
+        idle = peeked is not None and not peeked.notifications and peeked.position <= (seen or 0)
+        if seen is not None and idle:
+            self.reached[tracking] = seen
+            return 0
         lock = " FOR UPDATE" if self.database.backend == "postgres" else ""
         # Runners in several processes serialise on the tracking row, so an
         # event is never applied twice.
@@ -280,6 +275,23 @@ class ProjectionRunner:
             )
         self.reached[tracking] = new_position
         return len(notifications)
+
+    def _peek(
+        self, tx: Transaction, tracking: str, limit: int, topics: Sequence[str]
+    ) -> tuple[int | None, Settled | None]:
+        """The position tracked under ``tracking`` and what is settled after it,
+        read without locking the row; (None, None) when nothing is tracked yet
+        (the row is made here, at position 0)."""
+        rows = tx.execute("SELECT position FROM projection_tracking WHERE name = ?", (tracking,))
+        if not rows:
+            tx.execute(
+                "INSERT INTO projection_tracking (name, position) VALUES (?, 0)"
+                " ON CONFLICT (name) DO NOTHING",
+                (tracking,),
+            )
+            return None, None
+        seen = int(rows[0][0])
+        return seen, cast(Any, self.app.recorder).read_settled(seen, limit, list(topics))
 
     def _apply_all(
         self,

@@ -1,7 +1,9 @@
 """MkDocs hooks (mkdocs.yml): the API page's route list is generated from
 http/openapi.json, and that document and http/examples.http are published beside
 the pages, so the site can never list a route the service does not have, or miss
-one it has."""
+one it has. The header's repository link stays a plain link: Material's script
+would otherwise ask the repository host's API for its stars and forks each visit
+(the site loads nothing from another host)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 OPENAPI = ROOT / "http" / "openapi.json"
 PUBLISHED = ("openapi.json", "examples.http")
 ROUTES_MARKER = "<!-- routes from openapi.json -->"
+REPOSITORY_FACTS = ' data-md-component="source"'
 METHODS = ("get", "post", "put", "patch", "delete")
 
 
@@ -44,3 +47,7 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
         spec = json.loads(OPENAPI.read_text(encoding="utf-8"))
         markdown = markdown.replace(ROUTES_MARKER, route_table(spec))
     return markdown
+
+
+def on_post_page(output: str, page: Any, config: Any) -> str:
+    return output.replace(REPOSITORY_FACTS, "")

@@ -120,5 +120,25 @@ def client(services: Services) -> Any:
     return create_app(services=services, run_projections=False).test_client()
 
 
+@pytest.fixture
+def cli(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """``kandev-es`` run in-process on the test's store (click's runner)."""
+    from click.testing import CliRunner
+
+    from kandev_es.cli import main
+
+    monkeypatch.setenv("KANDEV_DATA_DIR", str(settings.data_dir))
+    if settings.database_url:
+        monkeypatch.setenv("KANDEV_DATABASE_URL", settings.database_url)
+    else:
+        monkeypatch.delenv("KANDEV_DATABASE_URL", raising=False)
+    runner = CliRunner()
+
+    def run(*args: str) -> Any:
+        return runner.invoke(main, list(args), catch_exceptions=False)
+
+    return run
+
+
 def bearer(secret: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {secret}"}

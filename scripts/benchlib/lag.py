@@ -1,5 +1,7 @@
 """Projection lag: from the HTTP acknowledgement of a Created to its
-task.created feed row, on an idle server or (LagProber) during a load."""
+task.created in the feed over HTTP, on an idle server or (LagProber) during a
+load; and whether a list by its external ID right after the acknowledgement
+has it (read your writes)."""
 
 from __future__ import annotations
 
@@ -22,34 +24,61 @@ LAG_POLL_S = 0.001
 LAG_BOUND_S = 10.0
 
 
+class FeedCursor:
+    """Where a prober reads its workspace's feed from: the feed's end when it
+    started, then past each row it found (a page holds what the load made since)."""
+
+    def __init__(self, conn: psycopg.Connection[Any], workspace: uuid.UUID) -> None:
+        row = conn.execute(
+            "SELECT coalesce(max(position), 0) FROM feed_events WHERE workspace_id = %s",
+            (workspace,),
+        ).fetchone()
+        self.after = int(row[0]) if row else 0
+
+
 def lag_once(
-    client: Client, conn: psycopg.Connection[Any], workspace: uuid.UUID, label: str
-) -> float | None:
-    """ms from the HTTP acknowledgement of one Created (its Completed commit is
-    done) to its task.created row in the feed, polled every millisecond on
-    ``conn`` (a connection of its own); None when the row is not there within
-    LAG_BOUND_S. An answer other than a Created raises AssertionError."""
+    client: Client, conn: psycopg.Connection[Any], workspace: uuid.UUID, label: str,
+    cursor: FeedCursor | None = None,
+) -> tuple[float | None, bool]:
+    """One Created, then what a client sees right after its acknowledgement:
+    whether a list of the workspace's tasks by its external ID has it (read
+    your writes), and the ms until its task.created is in the feed over HTTP
+    (``GET .../events`` polled every millisecond from ``cursor``); None when it
+    is not there within LAG_BOUND_S. An answer other than a Created raises
+    AssertionError."""
+    cursor = cursor if cursor is not None else FeedCursor(conn, workspace)
     status, reply = client.request("POST", "/api/v1/tasks", body(workspace, label))
     acked = time.perf_counter()
     assert status == 200 and reply.get("outcome") == "created", (status, reply)
+    status, listed = client.request(
+        "GET", f"/api/v1/workspaces/{workspace}/tasks?external_id={label}")
+    found = status == 200 and [t["id"] for t in listed["items"]] == [reply["id"]]
     deadline = acked + LAG_BOUND_S
+    after = cursor.after
     while time.perf_counter() < deadline:
-        seen = conn.execute(
-            "SELECT 1 FROM feed_events WHERE subject = %s AND type = 'task.created'",
-            (reply["id"],),
-        ).fetchone()
-        if seen:
-            return (time.perf_counter() - acked) * 1000
+        status, page = client.request(
+            "GET", f"/api/v1/workspaces/{workspace}/events?after={after}&limit=1000")
+        assert status == 200, (status, page)
+        for item in page["items"]:
+            if item["subject"] == reply["id"] and item["type"] == "task.created":
+                cursor.after = after
+                return (time.perf_counter() - acked) * 1000, found
+        if page["has_more"]:
+            after = page["next_cursor"]
+            continue
+        after = page["next_cursor"]
         time.sleep(LAG_POLL_S)
-    return None
+    return None, found
 
 
-def lag_summary(lags: list[float], missing: int) -> dict[str, Any]:
+def lag_summary(lags: list[float], missing: int, unlisted: int = 0) -> dict[str, Any]:
     return {
         "samples": len(lags),
         "p50_ms": round(percentile(lags, 0.5), 1) if lags else None,
         "p99_ms": round(percentile(lags, 0.99), 1) if lags else None,
         "missing": missing,
+        # Creates whose list by external ID, right after the 200, did not have it.
+        "not_listed_at_once": unlisted,
     }
 
 
@@ -60,12 +89,15 @@ def projection_lag(
     timed by lag_once."""
     client = Client(server.port, token)
     lags: list[float] = []
+    unlisted = 0
     with connect(url, schema) as conn:
+        cursor = FeedCursor(conn, workspace)
         for n in range(samples):
-            lag = lag_once(client, conn, workspace, f"LAG-{n}-{uuid.uuid4()}")
+            lag, listed = lag_once(client, conn, workspace, f"LAG-{n}-{uuid.uuid4()}", cursor)
+            unlisted += not listed
             if lag is not None:
                 lags.append(lag)
-    return lag_summary(lags, samples - len(lags))
+    return lag_summary(lags, samples - len(lags), unlisted)
 
 
 class LagProber:
@@ -81,6 +113,7 @@ class LagProber:
         self.url, self.schema, self.pause_s = url, schema, pause_s
         self.lags: list[float] = []
         self.missing = 0
+        self.unlisted = 0
         self.failures: Counter[str] = Counter()
         self.halt = threading.Event()
         self.thread = threading.Thread(target=self.run, daemon=True)
@@ -88,14 +121,18 @@ class LagProber:
     def run(self) -> None:
         client = Client(self.port, self.token)
         with connect(self.url, self.schema) as conn:
+            cursor = FeedCursor(conn, self.workspace)
             n = 0
             while not self.halt.is_set():
                 n += 1
                 try:
-                    lag = lag_once(client, conn, self.workspace, f"PROBE-{n}-{uuid.uuid4()}")
+                    lag, listed = lag_once(
+                        client, conn, self.workspace, f"PROBE-{n}-{uuid.uuid4()}", cursor
+                    )
                 except (AssertionError, OSError, http.client.HTTPException) as error:
                     self.failures[type(error).__name__] += 1
                 else:
+                    self.unlisted += not listed
                     if lag is None:
                         self.missing += 1
                     else:
@@ -111,6 +148,6 @@ class LagProber:
 
     def result(self) -> dict[str, Any]:
         return {
-            **lag_summary(self.lags, self.missing),
+            **lag_summary(self.lags, self.missing, self.unlisted),
             "failed_requests": dict(self.failures),
         }

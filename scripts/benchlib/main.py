@@ -23,6 +23,7 @@ from benchlib.recovery import recovery
 from benchlib.saves import store_saves
 from benchlib.scaling import scaling
 from benchlib.targets import scaling_targets, targets
+from benchlib.tracing import tracing_cost
 from kandev_es.bootstrap import Services, bootstrap
 from kandev_es.config import Settings, postgres_target
 
@@ -60,6 +61,12 @@ def arguments() -> argparse.ArgumentParser:
                         " counters to be flushed (default 11)")
     parser.add_argument("--save-clients", type=counts, default=[1, 8, 32],
                         help="client counts for store saves in 'scaling' (default 1,8,32)")
+    parser.add_argument("--tracing-only", action="store_true",
+                        help="measure only the 'tracing' section: creates over HTTP with"
+                        " traces off and on (docs/observability.md: Cost)")
+    parser.add_argument("--before", type=Path, default=None,
+                        help="with --tracing-only: an earlier checkout (its .venv and"
+                        " http/gunicorn.conf.py) measured as a third variant, traces off")
     parser.add_argument("--rounds", type=positive, default=1,
                         help="rounds of the HTTP measurement in 'scaling', the two servers"
                         " alternating which goes first; figures are medians (default 1;"
@@ -83,7 +90,7 @@ def main() -> int:
             on_schema(report, args, admin_url, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    if args.scaling_only:
+    if args.scaling_only or args.tracing_only:
         print(json.dumps(report, indent=2))
         return 0
     report["targets"] = targets(report)
@@ -100,6 +107,10 @@ def on_schema(report: dict[str, Any], args: argparse.Namespace, admin_url: str,
     services = bootstrap(settings)  # creates the schema and tables
     report["database"] = durability(admin_url)
     try:
+        if args.tracing_only:
+            report["tracing"] = tracing_cost(services, url, tmp, args.workers, args.clients,
+                                             args.seconds, args.rounds, args.before)
+            return
         if args.scaling or args.scaling_only:
             report["scaling"] = scaling(
                 settings, admin_url, url, schema, tmp, services, args.workers,

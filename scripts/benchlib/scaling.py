@@ -29,28 +29,35 @@ from benchlib.common import (
 from benchlib.cost import COST_CONFIG, COST_NOTE, cost_tables, same_servers
 from benchlib.cpu import PostgresSide
 from benchlib.lag import LagProber
-from benchlib.server import Client, Gunicorn, db_init, environment, poster
+from benchlib.server import Client, Gunicorn, db_init, environment, gthread_server, poster
 from kandev_es.bootstrap import Services
 from kandev_es.config import Settings, postgres_target
 
 MEDIAN_FIELDS = {  # field of a scaling.http row: digits it is rounded to
     "kandev_created_per_s": 1, "peer_created_per_s": 1, "created_ratio": 3,
     "kandev_found_per_s": 1, "peer_found_per_s": 1, "found_ratio": 3,
+    # the peer as usually deployed (gunicorn -k gthread), when measured
+    "gthread_peer_created_per_s": 1, "deployed_created_ratio": 3,
+    "gthread_peer_found_per_s": 1, "deployed_found_ratio": 3,
 }
+# The CRUD peer under gunicorn's gthread worker, how most Flask apps are deployed.
+GTHREAD_PEER = "peer_gthread"
+SIDES = ("kandev", "peer", GTHREAD_PEER)
 
 
-def round_order(number: int) -> tuple[str, str]:
-    """Which server is measured first at each client count in round ``number``
-    (from 1): kandev-es in odd rounds, the peer in even ones, so that neither
-    side always runs on the machine as the other left it."""
-    return ("kandev", "peer") if number % 2 else ("peer", "kandev")
+def round_order(number: int, sides: tuple[str, ...] = ("kandev", "peer")) -> tuple[str, ...]:
+    """The order the servers are measured in at each client count in round
+    ``number`` (from 1): as given in odd rounds, reversed in even ones, so that
+    no side always runs on the machine as another left it."""
+    return sides if number % 2 else tuple(reversed(sides))
 
 
 def rate_row(clients: int, rates: dict[str, tuple[float, float]]) -> dict[str, Any]:
     """One round's row at ``clients``: each side's (created/s, found/s), the
-    kandev/peer ratios, and ``order``, the sides in the order they were measured."""
+    kandev/peer ratios (same server), the kandev/gthread-peer ratios when that
+    side was measured, and ``order``, the sides in the order they were measured."""
     (kandev_created, kandev_found), (created, found) = rates["kandev"], rates["peer"]
-    return {
+    row: dict[str, Any] = {
         "clients": clients,
         "kandev_created_per_s": round(kandev_created, 1),
         "peer_created_per_s": round(created, 1),
@@ -58,8 +65,16 @@ def rate_row(clients: int, rates: dict[str, tuple[float, float]]) -> dict[str, A
         "kandev_found_per_s": round(kandev_found, 1),
         "peer_found_per_s": round(found, 1),
         "found_ratio": ratio(kandev_found, found),
-        "order": list(rates),
     }
+    if GTHREAD_PEER in rates:
+        deployed_created, deployed_found = rates[GTHREAD_PEER]
+        row.update({
+            "gthread_peer_created_per_s": round(deployed_created, 1),
+            "deployed_created_ratio": ratio(kandev_created, deployed_created),
+            "gthread_peer_found_per_s": round(deployed_found, 1),
+            "deployed_found_ratio": ratio(kandev_found, deployed_found),
+        })
+    return {**row, "order": list(rates)}
 
 
 def median_rows(rounds: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -76,6 +91,7 @@ def median_rows(rounds: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
             **{
                 field: round(statistics.median(row[field] for row in rows), digits)
                 for field, digits in MEDIAN_FIELDS.items()
+                if all(field in row for row in rows)
             },
             "rounds": len(rows),
         }
@@ -105,11 +121,14 @@ def lag_under_load(rounds: list[dict[str, Any]]) -> dict[str, Any] | None:
         "p99_ms": median_of("p99_ms"),
         "samples": sum(probe["samples"] for probe in probes),
         "missing": sum(probe["missing"] for probe in probes),
+        "not_listed_at_once": sum(probe.get("not_listed_at_once", 0) for probe in probes),
         "failed_requests": dict(failed),
         "rounds": len(probes),
         "note": f"while kandev-es takes the {LAG_CLIENTS}-client Created load, a thread of the"
         " bench creates its own tasks one at a time (20 ms apart) and times each from the HTTP"
-        " acknowledgement to its task.created feed row; those creates count in no rate."
+        " acknowledgement to its task.created in the feed over HTTP (GET .../events), and"
+        " lists the workspace's tasks by its external ID right after the acknowledgement"
+        " (not_listed_at_once: how many were not there); those creates count in no rate."
         " p50_ms and p99_ms are medians over the rounds (each round's own under 'rounds')",
     }
 
@@ -168,7 +187,7 @@ def scaling(
             timeout=60, capture_output=True, text=True, stdin=subprocess.DEVNULL,
         ).stdout.strip()
         rounds_run: list[dict[str, Any]] = []
-        failures: dict[str, Counter[str]] = {"kandev": Counter(), "peer": Counter()}
+        failures: dict[str, Counter[str]] = {side: Counter() for side in SIDES}
         say(f"scaling: kandev-es and the CRUD peer, {workers} workers each,"
             f" clients {client_counts}, measured in turn at each count")
         peer_env = {
@@ -203,19 +222,22 @@ def scaling(
                 config=config,
             )
             servers.callback(peer_server.stop)
+            gthread_peer = gthread_server(peer_env, workers, tmp / "gunicorn-peer-gthread.log")
+            servers.callback(gthread_peer.stop)
             sides = {
                 "kandev": (server.port, token, workspace.id, "found_settled"),
                 "peer": (peer_server.port, peer_token, peer_workspace, "found"),
+                GTHREAD_PEER: (gthread_peer.port, peer_token, peer_workspace, "found"),
             }
             for number in range(1, rounds + 1):
-                first, second = round_order(number)
-                say(f"scaling round {number}/{rounds}: {first} first at each count")
+                order = round_order(number, SIDES)
+                say(f"scaling round {number}/{rounds}: in the order {', '.join(order)}")
                 this: dict[str, Any] = {
-                    "round": number, "first": first, "load_before": load_average(), "http": [],
+                    "round": number, "first": order[0], "load_before": load_average(), "http": [],
                 }
                 for clients in client_counts:
                     rates: dict[str, tuple[float, float]] = {}
-                    for side in (first, second):
+                    for side in order:
                         port, side_token, side_workspace, found_outcome = sides[side]
                         prober = None
                         if side == "kandev" and clients == LAG_CLIENTS:
@@ -249,7 +271,9 @@ def scaling(
     rows = median_rows([run["http"] for run in rounds_run])
     for row in rows:
         say(f"scaling {row['clients']:>3} clients: created {row['created_ratio']}x peer,"
-            f" found {row['found_ratio']}x peer (median of {row['rounds']} rounds)")
+            f" found {row['found_ratio']}x peer; as deployed: created"
+            f" {row.get('deployed_created_ratio')}x, found {row.get('deployed_found_ratio')}x"
+            f" the peer on gthread (median of {row['rounds']} rounds)")
     section: dict[str, Any] = {
         "workers": workers,
         "threads_per_worker": os.environ.get("KANDEV_THREADS") or "8 (gunicorn.conf.py default)",
@@ -258,6 +282,8 @@ def scaling(
         "failed_requests": {side: dict(count) for side, count in failures.items()},
         "note": "ratios are kandev/peer; both served by http/gunicorn.conf.py on the same"
         " PostgreSQL, both running, measured one right after the other at each client count;"
+        " deployed_* ratios are kandev/the same peer under gunicorn -k gthread (same workers,"
+        " KANDEV_THREADS threads), how most Flask apps are deployed;"
         " 'http' holds per client count the median over the rounds of each rate and of each"
         " ratio, 'rounds' every round's own rows (kandev-es first in odd rounds, the peer"
         " first in even ones) and the load average (1, 5, 15 min) before it",

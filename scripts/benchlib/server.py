@@ -46,20 +46,28 @@ def environment(url: str, data_dir: Path, **extra: str) -> dict[str, str]:
 
 
 class Gunicorn:
+    """gunicorn with ``config`` (http/gunicorn.conf.py), or with none and
+    ``options`` on its command line instead."""
+
     def __init__(
         self, env: dict[str, str], workers: int, log: Path,
         app: tuple[str, ...] = ("kandev_es.api:create_app()",),
-        config: Path = REPO / "http" / "gunicorn.conf.py",
+        config: Path | None = REPO / "http" / "gunicorn.conf.py",
+        options: tuple[str, ...] = (),
+        python: str = sys.executable,
+        cwd: Path = REPO,
     ) -> None:
         self.port = free_port()
         self.workers = workers
         env = {**env, "KANDEV_BIND": f"127.0.0.1:{self.port}", "KANDEV_WORKERS": str(workers)}
         self.log = log
+        configured = ("-c", str(config)) if config is not None else ()
+        options = tuple(arg.format(port=self.port) for arg in options)
         with log.open("wb") as out:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "gunicorn", "-c", str(config), *app],
+                [python, "-m", "gunicorn", *configured, *options, *app],
                 env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=out,
-                start_new_session=True, cwd=REPO,
+                start_new_session=True, cwd=cwd,
             )
         self.wait_healthy()
 
@@ -83,6 +91,19 @@ class Gunicorn:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait(timeout=20)
+
+
+def gthread_server(env: dict[str, str], workers: int, log: Path) -> Gunicorn:
+    """The CRUD peer (scripts/crud_peer.py) as most Flask apps are deployed:
+    gunicorn's gthread worker, ``workers`` processes of KANDEV_THREADS threads
+    (8 unless set), the request threads kandev-es's workers get."""
+    threads = env.get("KANDEV_THREADS") or os.environ.get("KANDEV_THREADS") or "8"
+    return Gunicorn(
+        env, workers, log, ("--pythonpath", str(REPO / "scripts"), "crud_peer:create_app()"),
+        config=None,
+        options=("-k", "gthread", "--workers", str(workers), "--threads", threads,
+                 "--bind", "127.0.0.1:{port}", "--log-level", "warning"),
+    )
 
 
 class Client:

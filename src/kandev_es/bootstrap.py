@@ -25,6 +25,7 @@ from kandev_es.projections.runner import ProjectionRunner
 from kandev_es.projections.tasks import TasksProjection
 from kandev_es.runtime.agents import ExitedAgents
 from kandev_es.runtime.recovery import Runtime
+from kandev_es.runtime.settle import ParkedCreations
 from kandev_es.services.attachments import AttachmentService
 from kandev_es.services.audit_links import AuditLinkService
 from kandev_es.services.auth import TokenService
@@ -65,6 +66,12 @@ class Services:
     audit_links: AuditLinkService
     # The tamper-evident history's sequencer (services/ledger.py; docs/auditing.md).
     ledger: Sequencer
+
+    def parked(self) -> ParkedCreations:
+        """Operators' view and settling of the creations the Runtime parked."""
+        return ParkedCreations(
+            self.app, self.database, self.projections, self.driver, self.settings.recovery_attempts
+        )
 
     def runtime(self, owner_id: str | None = None) -> Runtime:
         """A recovery Runtime over these parts (``kandev-es runtime``, the app's thread)."""
@@ -222,6 +229,9 @@ def bootstrap(settings: Settings) -> Services:
         )
     app.inline = InlineViews()  # the read models, written in each save's transaction
     projections = ProjectionRunner(app, database, read_models())
+    notifier = getattr(app.recorder, "notifier", None)
+    if notifier is not None and not projections.asynchronous():
+        notifier.enabled = False  # nothing the loop does needs waking at each save
     tokens = TokenService(app, settings.run_token_ttl)
     # One driver for the creating request, workspace deletion and the Runtime;
     # agent launch gets its run credentials from the token service through it.

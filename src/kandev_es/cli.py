@@ -16,6 +16,7 @@ from kandev_es.cli_agentctl import register as register_agentctl
 from kandev_es.cli_ledger import backfill_ledger
 from kandev_es.cli_numbers import register as register_numbers
 from kandev_es.cli_ops import register as register_ops
+from kandev_es.cli_parked import register as register_parked
 from kandev_es.cli_tasks import register as register_tasks
 from kandev_es.cli_usage import (
     AT_LEAST_ONE,
@@ -107,10 +108,13 @@ def workspace() -> None:
 
 @workspace.command("create")
 @click.argument("name")
-@click.option("--prefix", "task_prefix", default="KAN", show_default=True)
+@click.option(
+    "--prefix", "task_prefix", default="KAN", show_default=True,
+    help="prefix of its tasks' office identifiers (PAY makes PAY-1, PAY-2, ...)",
+)
 @store_options
 def workspace_create(name: str, task_prefix: str) -> None:
-    """Create a workspace and print it as JSON."""
+    """Create a workspace named NAME and print it as JSON."""
     services = open_store()
     try:
         created = services.workspaces.open(name, task_prefix)
@@ -173,7 +177,8 @@ def token_list() -> None:
 @click.argument("token_id")
 @store_options
 def token_revoke(token_id: str) -> None:
-    """Revoke a token by id; it is refused from its next request."""
+    """Revoke the token TOKEN_ID (its id, as `token list` shows); it is refused
+    from its next request."""
     try:
         target = uuid.UUID(token_id)
     except ValueError:
@@ -213,7 +218,7 @@ def projections_run(once: bool) -> None:
 
 @main.command()
 @click.option("--workspace", required=True, help="workspace id or name")
-@click.option("--external-id", required=True)
+@click.option("--external-id", required=True, help="the external ID whose holder is released")
 @click.option("--operation-id", required=True, help="stable id: a replay returns the same result")
 @store_options
 def release(workspace: str, external_id: str, operation_id: str) -> None:
@@ -248,7 +253,8 @@ def release(workspace: str, external_id: str, operation_id: str) -> None:
 @click.option(
     "--parked",
     is_flag=True,
-    help="list the unfinished creations taken over KANDEV_RECOVERY_ATTEMPTS times, then exit",
+    help="list the creations the Runtime parked, then exit (settle them with"
+    " 'kandev-es creations retry|abort')",
 )
 @store_options
 def runtime(once: bool, poll: float, parked: bool) -> None:
@@ -296,8 +302,11 @@ def runtime(once: bool, poll: float, parked: bool) -> None:
 
 
 @main.command(short_help="Run the API (embedded SQLite; PostgreSQL with KANDEV_DATABASE_URL).")
-@click.option("--host", default="127.0.0.1", show_default=True, callback=resolvable_host)
-@click.option("--port", default=8000, show_default=True, type=PORT)
+@click.option(
+    "--host", default="127.0.0.1", show_default=True, callback=resolvable_host,
+    help="address to listen on (0.0.0.0: every interface)",
+)
+@click.option("--port", default=8000, show_default=True, type=PORT, help="port to listen on")
 @click.option(
     "--workers",
     default=None,
@@ -372,6 +381,7 @@ def mcp_server(over_http: bool, host: str, port: int) -> None:
 
 # projections rebuild, identity history, audit verify (operator/auditor tools)
 register_ops(main, projections)
+register_parked(main)
 register_agentctl(main)  # agentctl task create (inside an agent run)
 register_tasks(main, workspace)  # workspace list, task create/get/lookup (for people)
 register_numbers(workspace)  # workspace advance-numbers (after a dump restore)

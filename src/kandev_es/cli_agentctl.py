@@ -27,11 +27,14 @@ def agentctl_task() -> None:
 @agentctl_task.command(
     "create", short_help="Create a task; a retry with the same --external-id finds it."
 )
-@click.option("--title", required=True)
+@click.option("--title", required=True, help="the task's title")
 @click.option("--external-id", default=None, help="create-if-absent by this identity")
-@click.option("--description", default=None)
+@click.option("--description", default=None, help="free text [default: empty]")
 @click.option("--parent", "parent_id", default=None, help="parent task id (a subtask)")
-@click.option("--start-agent/--no-start-agent", default=False, show_default=True)
+@click.option(
+    "--start-agent/--no-start-agent", default=False, show_default=True,
+    help="launch an agent on the new task",
+)
 def agentctl_task_create(
     title: str,
     external_id: str | None,

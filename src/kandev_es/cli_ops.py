@@ -76,7 +76,8 @@ def projections_rebuild(names: tuple[str, ...], batch_size: int) -> None:
                 result = rebuild(runner, name, progress=show, batch_size=batch_size)
             click.echo(
                 f"rebuilt {name}: {result.position} events scanned, {result.applied} applied"
-                f" in {result.seconds:.2f}s ({result.events_per_second:,.0f} events/s)"
+                f" in {result.seconds:.2f}s ({result.events_per_second:,.0f} events/s);"
+                f" saves held {result.paused_seconds * 1000:.0f} ms at the switch"
             )
     except KandevError as error:
         raise click.ClickException(error.message) from None
@@ -86,7 +87,7 @@ def projections_rebuild(names: tuple[str, ...], batch_size: int) -> None:
 
 @click.command("history", short_help="An identity's whole stream across tenures, as a timeline.")
 @click.option("--workspace", "workspace", required=True, help="workspace id or name")
-@click.option("--external-id", "external_id", required=True)
+@click.option("--external-id", "external_id", required=True, help="the external ID to show")
 @click.option("--json", "as_json", is_flag=True, help="print the history as JSON")
 @click.option(
     "--link/--no-link",

@@ -181,8 +181,8 @@ def task_create(
 @json_option
 @store_options
 def task_get(task_id: str, as_json: bool) -> None:
-    """Show a task by its id, as GET /api/v1/tasks/{id} answers it (from the
-    event store: no projection lag)."""
+    """Show the task TASK_ID (its UUID), as GET /api/v1/tasks/{id} answers it
+    (read from the event store: no projection lag)."""
     try:
         wanted = uuid.UUID(task_id)
     except ValueError:

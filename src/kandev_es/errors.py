@@ -239,6 +239,13 @@ class ReleaseConflict(Conflict):
     code = "release_conflict"
 
 
+class CreationNotParked(Conflict):
+    """An operator settles only creations the Runtime has given up on (parked);
+    an aborted one only while it has not begun completing."""
+
+    code = "creation_not_parked"
+
+
 class CreationInProgress(Conflict):
     """Callers never repair, edit or delete a task whose creation is unsettled."""
 
@@ -296,6 +303,13 @@ class AgentLaunchFailed(EffectFailed):
 
 class EffectUnproven(EffectFailed):
     code = "effect_unproven"
+
+
+class CompensationUnproven(EffectFailed):
+    """An operator's abort could not remove an effect, even forcibly: the
+    creation stays aborting and parked; the abort may be repeated."""
+
+    code = "compensation_unproven"
 
 
 class TooMany(KandevError):

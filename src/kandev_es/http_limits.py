@@ -106,5 +106,6 @@ class JsonErrorTask(ErrorTask):  # type: ignore[misc]
         self.status = f"{error.code} {error.reason}"
         self.response_headers.append(("Content-Type", "application/json"))
         self.set_close_on_finish()
+        self.channel.refused = True  # it lingers before closing (http_worker.TimedChannel)
         self.content_length = len(body)
         self.write(body)

@@ -15,8 +15,6 @@ What waitress lacks and this module adds, each small:
   request's first byte (waitress only closes a channel inactive for a while,
   which a byte a second never is), and a short idle time for a connection
   with no request; enforced in the server's maintenance, once a second;
-- the access line (gthread wrote it): the same gunicorn logger, so the same
-  format and redaction (kandev_es.access_log);
 - limits on the request line, header fields and field bytes, and waitress'
   own error answers in the API's JSON error shape (http_limits.py);
 - a graceful stop that ends open event streams and lets running answers out.
@@ -26,9 +24,9 @@ from __future__ import annotations
 
 import os
 import resource
+import socket
 import time
-from collections.abc import Callable, Iterable, Iterator
-from datetime import timedelta
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from gunicorn.workers.base import Worker
@@ -42,6 +40,8 @@ from kandev_es.http_limits import HEAD_BYTES, HeadLimits, JsonErrorTask, limited
 # Seconds the worker's loop waits for I/O at most between heartbeats and
 # checks of `alive` (gunicorn's SIGTERM); maintenance runs once a second.
 SLICE_S = 0.5
+# Seconds a connection whose request was refused still reads (and drops) what comes.
+LINGER_S = 5.0
 WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
 
@@ -56,11 +56,35 @@ class Timeouts:
 
 
 class TimedChannel(HTTPChannel):  # type: ignore[misc]
-    """A connection that knows when its current request's first byte came."""
+    """A connection that knows when its current request's first byte came,
+    and lingers after refusing a request (http_limits.JsonErrorTask sets
+    ``refused``): closing at once with the rest of a 200 KB head unread would
+    send a reset that can cost the client its 414 / 431 answer. So, as nginx
+    does, it stops sending (FIN after the answer), reads and drops what still
+    comes for up to LINGER_S, and closes then or when the client does."""
 
     request_started = 0.0
+    refused = False
+    lingering_until = 0.0
+
+    def handle_close(self) -> None:
+        if self.refused and not self.lingering_until and self.connected:
+            try:
+                self.socket.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+            else:
+                self.lingering_until = time.time() + LINGER_S
+                self.will_close = self.close_when_flushed = False
+                return
+        super().handle_close()
+
+    def readable(self) -> bool:
+        return bool(self.lingering_until) or bool(super().readable())
 
     def received(self, data: bytes) -> bool:
+        if self.lingering_until:
+            return False  # dropped: the request was answered and refused
         before = self.request
         result: bool = super().received(data)
         if self.request is not None and self.request is not before:
@@ -70,6 +94,8 @@ class TimedChannel(HTTPChannel):  # type: ignore[misc]
     def overdue(self, now: float, timeouts: Timeouts) -> bool:
         """Closing time: its request's headers or body took too long, or the
         connection sat without a request. One being served never is."""
+        if self.lingering_until:
+            return now > self.lingering_until
         if self.requests:
             return False
         request = self.request
@@ -101,71 +127,6 @@ def _bound(server: BaseWSGIServer, timeouts: Timeouts, limits: HeadLimits) -> No
     server.maintenance = maintenance
 
 
-class _Response:
-    """What gunicorn's access logger reads off a response."""
-
-    def __init__(self, status: str, headers: list[tuple[str, str]]) -> None:
-        self.status = status
-        self.headers = headers
-        self.sent = 0
-
-
-class _Request:
-    def __init__(self, environ: dict[str, Any]) -> None:
-        self.headers = [
-            (key[5:].replace("_", "-"), value)
-            for key, value in environ.items()
-            if key.startswith("HTTP_")
-        ]
-
-
-class _Logged:
-    """The response body, passed through; at its close, the access line."""
-
-    def __init__(
-        self, body: Iterable[bytes], done: Callable[[int], None]
-    ) -> None:
-        self.body = body
-        self.done = done
-        self.sent = 0
-
-    def __iter__(self) -> Iterator[bytes]:
-        for chunk in self.body:
-            self.sent += len(chunk)
-            yield chunk
-
-    def close(self) -> None:
-        try:
-            close = getattr(self.body, "close", None)
-            if close is not None:
-                close()
-        finally:
-            self.done(self.sent)
-
-
-def access_logged(app: WSGIApp, log: Any) -> WSGIApp:
-    """``app`` writing gunicorn's access line (its logger, format, redaction)
-    once each response has been sent."""
-
-    def logged(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-        started = time.monotonic()
-        environ.setdefault("RAW_URI", environ.get("REQUEST_URI", ""))
-        response = _Response("500 Internal Server Error", [])
-
-        def capture(status: str, headers: list[tuple[str, str]], *exc: Any) -> Any:
-            response.status, response.headers = status, headers
-            return start_response(status, headers, *exc)
-
-        def done(sent: int) -> None:
-            response.sent = sent
-            elapsed = timedelta(seconds=time.monotonic() - started)
-            log.access(response, _Request(environ), environ, elapsed)
-
-        return _Logged(app(environ, capture), done)
-
-    return logged
-
-
 class WaitressWorker(Worker):  # type: ignore[misc]
     """A gunicorn worker serving on its inherited sockets with waitress."""
 
@@ -193,7 +154,8 @@ class WaitressWorker(Worker):  # type: ignore[misc]
 
     def _server(self, settings: Settings) -> Any:
         return create_server(
-            access_logged(self.wsgi, self.log),
+            # The access line is the app's own (observability/middleware.py).
+            self.wsgi,
             sockets=[listener.sock for listener in self.sockets],
             threads=self.cfg.threads,
             connection_limit=settings.max_connections,

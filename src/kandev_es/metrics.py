@@ -54,6 +54,7 @@ class Instruments:
     stream_refusals: Counter
     breaker_open: Gauge
     breaker_openings: Counter
+    pool_waits: Counter
     projection_failures: Counter
     recoveries: Counter
     projection_leader: Gauge
@@ -179,6 +180,12 @@ def _store_and_runtime_instruments(registry: CollectorRegistry) -> dict[str, Any
             "kandev_store_breaker_openings", "Times a store breaker opened.",
             registry=registry,
         ),
+        "pool_waits": Counter(
+            "kandev_pool_waits",
+            "PostgreSQL connection checkouts that found no idle connection and waited"
+            " (for one returned or opened; beyond KANDEV_PG_CONNECT_TIMEOUT, a 503).",
+            registry=registry,
+        ),
         "recoveries": Counter(
             "kandev_runtime_recoveries",
             "Creations the recovery Runtime took over, by how they ended.",
@@ -252,6 +259,10 @@ def breaker_opened() -> None:
 
 def breaker_closed() -> None:
     instruments().breaker_open.set(0)
+
+
+def record_pool_wait() -> None:
+    instruments().pool_waits.inc()
 
 
 def record_recovery(result: str) -> None:

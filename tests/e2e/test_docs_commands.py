@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from kandev_es.config import Settings
-from tests.support.pages import blocks
+from tests.support.pages import Block, blocks
 from tests.support.served import ServedProcess
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,6 +66,22 @@ def assert_output(actual: str, expected: str, where: str) -> None:
         )
 
 
+def run_shown(found: list[Block], index: int, env: dict[str, str], cwd: Path, where: str) -> str:
+    """Run the page's block ``found[index]`` (sh or python) as written and compare
+    what it prints with the ``text`` block right after it; its stdout."""
+    block = found[index]
+    command = ["bash", "-e", "-o", "pipefail", "-c", block.text]
+    if block.language == "python":
+        command = [sys.executable, "-c", block.text]
+    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=120, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, f"{where}: exit {done.returncode}\n{done.stderr}"
+    shown = found[index + 1] if index + 1 < len(found) else None
+    assert shown is not None and shown.language == "text", f"{where}: no output block"
+    assert_output(done.stdout, shown.text, where)
+    return done.stdout
+
+
 def run_page(page: Path, server: ServedProcess, cwd: Path) -> int:
     env = {k: v for k, v in os.environ.items() if not k.startswith("KANDEV_")}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
@@ -85,17 +101,9 @@ def run_page(page: Path, server: ServedProcess, cwd: Path) -> int:
         if block.marker.startswith(SKIPPED):
             continue
         where = f"{page.relative_to(ROOT)}:{block.line}"
-        command = ["bash", "-e", "-o", "pipefail", "-c", block.text]
-        if block.language == "python":
-            command = [sys.executable, "-c", block.text]
-        done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True,
-                              timeout=120, stdin=subprocess.DEVNULL)
-        assert done.returncode == 0, f"{where}: exit {done.returncode}\n{done.stderr}"
+        stdout = run_shown(found, index, env, cwd, where)
         ran += 1
-        shown = found[index + 1] if index + 1 < len(found) else None
-        assert shown is not None and shown.language == "text", f"{where}: no output block"
-        assert_output(done.stdout, shown.text, where)
-        for link in AUDIT_LINK.findall(done.stdout):
+        for link in AUDIT_LINK.findall(stdout):
             with urllib.request.urlopen(link, timeout=20) as answer:
                 assert answer.status == 200 and "JIRA-1" in answer.read().decode()
     return ran

@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 
 from kandev_es.config import Settings
-from tests.e2e.test_docs_commands import SKIPPED, assert_output, blocks
+from tests.e2e.test_docs_commands import SKIPPED, run_shown
+from tests.support.pages import blocks
 from tests.support.served import ServedProcess, free_port, http
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,17 +63,8 @@ def run_page(env: dict[str, str], workdir: Path) -> tuple[int, subprocess.Popen[
             continue
         if block.language not in ("sh", "python") or block.marker.startswith(SKIPPED):
             continue
-        where = f"docs/first-integration.md:{block.line}"
-        command = ["bash", "-e", "-o", "pipefail", "-c", block.text]
-        if block.language == "python":
-            command = [sys.executable, "-c", block.text]
-        done = subprocess.run(command, cwd=workdir, env=env, capture_output=True, text=True,
-                              timeout=120, stdin=subprocess.DEVNULL)
-        assert done.returncode == 0, f"{where}: exit {done.returncode}\n{done.stderr}"
-        shown = found[index + 1]
-        assert shown.language == "text", f"{where}: no output block"
-        assert_output(done.stdout, shown.text, where)
-        learn(block.text, done.stdout.strip(), env)
+        stdout = run_shown(found, index, env, workdir, f"docs/first-integration.md:{block.line}")
+        learn(block.text, stdout.strip(), env)
         ran += 1
     return ran, bridge
 

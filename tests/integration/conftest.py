@@ -6,11 +6,9 @@ import time
 import uuid
 
 import pytest
-from click.testing import CliRunner
 
 from kandev_es.agent.processes import stop_run
 from kandev_es.bootstrap import bootstrap
-from kandev_es.cli import main
 from kandev_es.config import data_path
 from kandev_es.domain.agent_session import session_id_for
 from tests.integration.runs import Runs
@@ -36,21 +34,6 @@ def paused_owner(settings, tmp_path):
     yield slow, wait_until_paused, resume
     resume()
     slow.close()
-
-
-@pytest.fixture
-def cli(settings, monkeypatch):
-    monkeypatch.setenv("KANDEV_DATA_DIR", str(settings.data_dir))
-    if settings.database_url:
-        monkeypatch.setenv("KANDEV_DATABASE_URL", settings.database_url)
-    else:
-        monkeypatch.delenv("KANDEV_DATABASE_URL", raising=False)
-    runner = CliRunner()
-
-    def run(*args: str):
-        return runner.invoke(main, list(args), catch_exceptions=False)
-
-    return run
 
 
 @pytest.fixture

@@ -202,3 +202,27 @@ def test_a_store_failure_at_scrape_leaves_out_only_the_projection_lag():
     samples = parse(metrics.exposition(lag_unreadable).decode())
     assert not [name for name, _ in samples if name == "kandev_projection_lag_events"]
     assert ("kandev_store_breaker_open", ()) in samples
+
+
+@pytest.mark.postgres_only
+def test_a_checkout_that_waits_for_a_pooled_connection_is_counted(settings):
+    """kandev_pool_waits_total: a checkout finding no idle connection (the
+    pool at its size, every connection out) waits, and is counted once."""
+    from psycopg_pool import ConnectionPool
+
+    from kandev_es.config import postgres_target
+    from kandev_es.storage.pools import serve_most_recent_first
+
+    pool = ConnectionPool(postgres_target(settings.database_url).conninfo, min_size=1,
+                          max_size=1, open=True)
+    serve_most_recent_first(pool)
+    try:
+        pool.wait()  # its one connection made and idle
+        before = total(scrape_now(), "kandev_pool_waits_total")
+        with pool.connection():  # an idle one is there: no wait
+            assert total(scrape_now(), "kandev_pool_waits_total") == before
+            with pytest.raises(Exception, match="couldn't get a connection"):
+                pool.getconn(timeout=0.2)  # every connection out: it waits, then refuses
+        assert total(scrape_now(), "kandev_pool_waits_total") == before + 1
+    finally:
+        pool.close()

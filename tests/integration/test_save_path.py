@@ -137,6 +137,9 @@ def test_a_save_is_one_transaction_and_its_notify_follows_its_commit(services: S
     import psycopg
 
     recorder: Any = services.app.recorder
+    # Off while every read model is written inline; an asynchronous view turns it on.
+    assert not recorder.notifier.enabled
+    recorder.notifier.enabled = True
     table = f'"{recorder.datastore.schema}"."{recorder.events_table_name}"'
     with psycopg.connect(postgres_admin_url(), autocommit=True) as listener:
         listener.execute(f'LISTEN "{recorder.channel_name}"')

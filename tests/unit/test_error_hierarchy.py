@@ -32,14 +32,15 @@ STATUS = {
     404: "NotFound TaskNotCreated WorkspaceDeleted TaskNotFound WorkspaceNotFound TokenNotFound"
     " IdentityNotFound CreationNotFound CheckpointNotFound",
     409: "Conflict WorkspaceExists ReleaseConflict CreationInProgress BranchTaken CapacityExceeded"
-    " AttachmentClaimed",
+    " AttachmentClaimed CreationNotParked",
     412: "RevisionMismatch",
     413: "PayloadTooLarge",
     422: "ValidationFailed RepositoryNotAllowed RepositoryNotTopLevel UnknownReference"
     " OperationIdReused",
     429: "TooMany AgentLimitReached",
     500: "KandevError InvalidSetting",
-    502: "EffectFailed RepositoryEffectFailed AgentLaunchFailed EffectUnproven",
+    502: "EffectFailed RepositoryEffectFailed AgentLaunchFailed EffectUnproven"
+    " CompensationUnproven",
     503: "Unavailable StreamLimitReached SchemaNotAttested StoreUnavailable CreationHandedOver"
     " UnknownStep",
 }

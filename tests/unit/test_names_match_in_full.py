@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from kandev_es.domain.errors import DomainRuleBroken
+from kandev_es.domain.release import validate_operation_id
 from kandev_es.domain.workspace import Workspace
 from kandev_es.errors import MissingOperationId
-from kandev_es.services.release import validate_operation_id
 from kandev_es.storage.tables import TableSet
 
 

@@ -13,7 +13,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 METHODS = ("get", "post", "put", "patch", "delete")
 # Writes that take no body at all: the path says everything.
-BODYLESS = {("post", "/api/v1/tasks/{task_id}/archive")}
+BODYLESS = {
+    ("post", "/api/v1/tasks/{task_id}/archive"),
+    ("post", "/api/v1/workspaces/{workspace_id}/creations/{identity_id}/retry"),
+    ("post", "/api/v1/workspaces/{workspace_id}/creations/{identity_id}/abort"),
+}
 
 
 def has_schema(answer: dict[str, Any]) -> bool:

@@ -18,6 +18,7 @@ from kandev_es.api import (
     health,
     identities,
     office,
+    parked,
     resources,
     tasks,
     tokens,
@@ -78,7 +79,19 @@ def _configure(app: Flask, settings: Settings) -> None:
         MAX_CONTENT_LENGTH=settings.max_body_bytes,
         JSON_SORT_KEYS=False,
         API_SPEC_OPTIONS={
-            "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
+            "components": {
+                "securitySchemes": {
+                    "bearer": {
+                        "type": "http",
+                        "scheme": "bearer",
+                        "description": (
+                            "Authorization: Bearer <token>: a workspace (member or operator) "
+                            "or admin token from `kandev-es token create`, or an agent "
+                            "run's credential on the run routes"
+                        ),
+                    }
+                }
+            },
             "security": [{"bearer": []}],
             "info": {
                 "description": (
@@ -111,6 +124,7 @@ def _register_blueprints(api: Api) -> None:
     api.register_blueprint(identities.blp)
     api.register_blueprint(office.blp)
     api.register_blueprint(agentctl.blp)
+    api.register_blueprint(parked.blp)
 
 
 def _instrument_requests(app: Flask) -> None:

@@ -24,6 +24,7 @@ from kandev_es.creation.steps.base import (
     Step,
     StepContext,
     StepFailed,
+    remove_effect,
 )
 from kandev_es.creation.steps.registry import steps_for
 from kandev_es.domain import creation
@@ -246,6 +247,32 @@ class CreationDriver:
             identity.begin_aborting(number, reason)
             self._app.save_atomically(identity)
         return self.drive(identity_id, number, epoch)
+
+    def abort_forcibly(self, identity_id: uuid.UUID, number: int, epoch: int) -> DriveOutcome:
+        """An operator's abort (runtime/settle.py), at the ``epoch`` its
+        AbortForced took: every step that began is removed in reverse order --
+        forcibly where its compensation fails -- each recorded compensated with
+        its evidence, then Aborted. Raises ``CompensationUnproven`` (the
+        creation stays aborting) while an effect cannot be removed."""
+        identity, task = self._load(identity_id, number)
+        tenure = identity.tenure(number)
+        if tenure.epoch != epoch:
+            raise Fenced(f"tenure {number} is now at epoch {tenure.epoch}")
+        if tenure.phase == ABORTED:
+            return DriveOutcome(identity, task, tenure)
+        ctx = StepContext(
+            self._app, self._settings, identity_id, number, task.id, tenure.plan, self._credentials
+        )
+        for step in reversed(steps_for(tenure.plan)):
+            status = tenure.steps.get(step.name, {}).get("status")
+            if status is None or status == COMPENSATED:
+                continue
+            self._record(identity, number, step.name, COMPENSATED, remove_effect(step, ctx))
+        identity.abort(number)
+        task.abort_creation()
+        self._app.save_atomically(identity, task)
+        log.info("aborted by an operator: identity=%s tenure=%s", identity.id, number)
+        return DriveOutcome(identity, task, identity.tenure(number))
 
     def _abort(
         self,

@@ -37,6 +37,7 @@ from kandev_es.domain.workspace import Workspace
 from kandev_es.errors import (
     Conflict,
     CreationHandedOver,
+    InternalError,
     InvalidExternalId,
     KandevError,
     TaskNotCreated,
@@ -48,6 +49,10 @@ from kandev_es.views import task_dto
 log = logging.getLogger("kandev_es.creation")
 
 CLAIM_ATTEMPTS = 8
+
+
+class _NotAdmitted(InternalError):
+    """A body the snapshots cannot admit alone (it needs a read beyond them)."""
 
 
 @dataclass(frozen=True)
@@ -113,7 +118,6 @@ class CreationService:
         workspace_id = self._workspace_id(principal, raw_workspace)  # step 1
         serving.note_workspace(workspace_id)
         assert principal is not None
-        token = [unconfirmed.token_id] if unconfirmed is not None else []
         invalid: InvalidExternalId | None = None
         try:
             external_id = normalize_external_id(body.get("external_id"))  # step 2
@@ -121,24 +125,7 @@ class CreationService:
             # Authorization still answers first: read the workspace, then refuse.
             external_id, invalid = None, error
         key = identity_id(workspace_id, external_id) if external_id is not None else None
-        # One query for the workspace, the identity, (a guess from the last
-        # read) its holder's task and the caller's token: a retry's whole
-        # Found is one round trip. A first create that this process's
-        # snapshots already admit draws its office number in that query too,
-        # where the store can (no admission by snapshots where it cannot: its
-        # checks would only be made again after the read).
-        ids = [*self._holders.read_ids(workspace_id, key), *token]
-        admitted = (
-            self._admitted_by_snapshots(principal, unconfirmed, workspace_id, key, body, placed)
-            if key is not None and self._app.draws_with_reads
-            else None
-        )
-        number: int | None = None
-        with tracing.span("lookup"):
-            if admitted is not None:
-                reads, number = self._app.read_and_draw(ids, workspace_id, admitted[1])
-            else:
-                reads = self._app.read_many(ids)
+        reads, number, fields = self._read(principal, unconfirmed, workspace_id, key, body, placed)
         confirmed = self._confirmed(unconfirmed, reads)
         if confirmed is not None and confirmed != principal:
             return self._create(confirmed, body, placed)  # the token changed: start over
@@ -153,15 +140,10 @@ class CreationService:
             if found is not None:
                 return found
             failpoints.hit(self._settings, "lookup:after")  # missed; nothing written yet
-        if number is not None and admitted is not None:
-            # Drawn: nothing moved since the snapshots that validated the body.
-            fields = admitted[0]
-        else:
-            fields = load_create_request(body)  # step 4: only after the lookup missed
-            # The roots are resolved on the filesystem: only when a path is checked.
-            roots = self._settings.allowed_repository_roots if fields["repositories"] else ()
-            validate_against_workspace(self._app, workspace, fields, roots, placed)
+        if number is None or fields is None:
+            fields = self._fields(body, workspace, placed)  # step 4: only after the lookup missed
             number = self._app.next_office_number(workspace.id)  # step 5
+        # else drawn with the lookup: nothing moved since the snapshots that validated the body
         plan = CreationPlan(
             workspace_id=workspace.id,
             external_id=external_id,
@@ -173,6 +155,56 @@ class CreationService:
             **fields,
         )
         return self._claim_and_settle(principal, plan, new_secret(), identity, workspace)
+
+    def _read(
+        self,
+        principal: Principal,
+        unconfirmed: Unconfirmed | None,
+        workspace_id: uuid.UUID,
+        key: uuid.UUID | None,
+        body: Mapping[str, Any],
+        placed: Placement | None,
+    ) -> tuple[dict[uuid.UUID, Any], int | None, dict[str, Any] | None]:
+        """The lookup's one query: the workspace, the identity, (a guess from
+        the last read) its holder's task and the caller's token, so a retry's
+        whole Found is one round trip. A first create this process's
+        snapshots already admit draws its office number in that query too,
+        where the store can (no admission by snapshots where it cannot: its
+        checks would only be made again after the read). Returns the reads,
+        the number drawn (None: none) and the fields the snapshots admitted."""
+        token = [unconfirmed.token_id] if unconfirmed is not None else []
+        ids = [*self._holders.read_ids(workspace_id, key), *token]
+        admitted = (
+            self._admitted_by_snapshots(principal, unconfirmed, workspace_id, key, body, placed)
+            if key is not None and self._app.draws_with_reads
+            else None
+        )
+        with tracing.span("lookup"):
+            if admitted is None:
+                return self._app.read_many(ids), None, None
+            reads, number = self._app.read_and_draw(ids, workspace_id, admitted[1])
+        return reads, number, admitted[0]
+
+    def _fields(
+        self,
+        body: Mapping[str, Any],
+        workspace: Workspace,
+        placed: Placement | None,
+        from_snapshots: bool = False,
+    ) -> dict[str, Any]:
+        """Step 4, the one path a create's body takes: loaded (request.py),
+        then validated against the workspace (validation.py). From snapshots
+        (``_admitted_by_snapshots``): a body that needs a read beyond them
+        (repositories, attachments, a parent) is ``NotAdmitted`` before any
+        such read."""
+        fields = load_create_request(body)
+        reads_more = fields["repositories"] or fields["attachments"] or fields["parent_id"]
+        if from_snapshots and reads_more:
+            raise _NotAdmitted
+        # The roots are resolved on the filesystem: only when a path is checked.
+        roots = self._settings.allowed_repository_roots if fields["repositories"] else ()
+        validate_against_workspace(self._app, workspace, fields, roots, placed)
+        return fields
 
     def _admitted_by_snapshots(
         self,
@@ -202,12 +234,9 @@ class CreationService:
                 return None
             versions[unconfirmed.token_id] = token.version
         try:
-            fields = load_create_request(body)
-            if fields["repositories"] or fields["attachments"] or fields["parent_id"]:
-                return None  # reads beyond the snapshots, or effects
-            validate_against_workspace(self._app, workspace, fields, (), placed)
-        except KandevError:
-            return None
+            fields = self._fields(body, workspace, placed, from_snapshots=True)
+        except (KandevError, _NotAdmitted):
+            return None  # the plain path answers it, after the lookup
         # Effects (a WIP limit, an agent): admission may still refuse after a draw.
         return None if plan_step_names(fields) else (fields, versions)
 

@@ -31,7 +31,7 @@ _ALWAYS_SHOWN = frozenset({"proof"})
 # The plan fields that name server paths (the registered repositories' paths).
 _HIDDEN_PLAN = frozenset({"repository_paths"})
 # Events whose owner_id names the owning process (host and pid).
-_OWNED = frozenset({"Claimed", "RecoveryClaimed"})
+_OWNED = frozenset({"Claimed", "RecoveryClaimed", "RecoveryRenewed", "AbortForced"})
 
 
 def step_evidence(step: str, status: str, evidence: dict[str, Any], full: bool) -> dict[str, Any]:
@@ -64,6 +64,9 @@ def history_entry(entry: dict[str, Any], full: bool) -> dict[str, Any]:
         )
     if kind == "Claimed" and isinstance(entry.get("plan"), dict):
         shown["plan"] = {k: v for k, v in entry["plan"].items() if k not in _HIDDEN_PLAN}
+    if kind == "Parked" and isinstance(entry.get("reason"), str):
+        # The failure's own words may quote paths or commands: its kind only.
+        shown["reason"] = entry["reason"].partition(":")[0]
     if kind in _OWNED and isinstance(entry.get("owner_id"), str):
         shown["owner_id"] = owner(entry["owner_id"])
     return shown

@@ -61,6 +61,8 @@ class Tenure:
     takeovers: int = 0
     # Why the Runtime stopped taking it over (its last takeover's failure).
     parked_reason: str | None = None
+    # The operator's last retry or abort of it (operation id).
+    settle_operation_id: str | None = None
     # How often a proof was found missing before Completing (each one means
     # the step runs again): derived from the StepRecorded events, bounded by
     # the driver (KANDEV_STEP_ATTEMPTS).
@@ -77,6 +79,13 @@ class Tenure:
     @property
     def in_flight(self) -> bool:
         return self.phase in (PREPARING, COMPLETING, ABORTING)
+
+    def parked(self, attempts: int, now: datetime) -> bool:
+        """Left to an operator: unfinished, its last lease run out, and given
+        up by the Runtime (Parked recorded) or taken over ``attempts`` times
+        in its series (KANDEV_RECOVERY_ATTEMPTS)."""
+        given_up = self.parked_reason is not None or self.takeovers >= attempts
+        return self.in_flight and given_up and self.lease_expires_at < now
 
 
 class Identity(Aggregate):
@@ -205,6 +214,34 @@ class Identity(Aggregate):
         if not self.tenure(tenure).in_flight:
             raise DomainRuleBroken("only an unfinished creation can be parked")
         self.trigger_event(self.Parked, tenure=tenure, reason=reason)
+
+    def renew_recovery(self, tenure: int, operation_id: str, *, actor: str) -> int:
+        """An operator's retry of a parked creation (after a repair): a fresh
+        series of takeovers. A new epoch fences whoever still acts on it."""
+        current = self.tenure(tenure)
+        if not current.in_flight:
+            raise DomainRuleBroken("only an unfinished creation can be retried")
+        epoch = current.epoch + 1
+        self.trigger_event(
+            self.RecoveryRenewed, tenure=tenure, epoch=epoch, operation_id=operation_id,
+            actor=actor, owner_id=f"operator:{operation_id}",
+        )
+        return epoch
+
+    def force_abort(self, tenure: int, operation_id: str, *, actor: str) -> int:
+        """An operator's abort of a parked creation: from here its effects are
+        removed, forcibly if need be, and it ends Aborted. Never once it is
+        completing (AC-5: only Complete is allowed then). Returns the epoch
+        the operator's compensation acts at (fencing everyone else)."""
+        current = self.tenure(tenure)
+        if current.phase not in (PREPARING, ABORTING):
+            raise DomainRuleBroken(f"a {current.phase} creation cannot be aborted")
+        epoch = current.epoch + 1
+        self.trigger_event(
+            self.AbortForced, tenure=tenure, epoch=epoch, operation_id=operation_id,
+            actor=actor, owner_id=f"operator:{operation_id}",
+        )
+        return epoch
 
     def begin_completing(self, tenure: int) -> None:
         if self.tenure(tenure).phase != PREPARING:
@@ -355,6 +392,37 @@ class Identity(Aggregate):
             tenure.owner_id = self.owner_id
             tenure.lease_expires_at = self.lease_expires_at
             tenure.takeovers += 1
+
+    class RecoveryRenewed(Aggregate.Event):
+        tenure: int
+        epoch: int
+        operation_id: str
+        actor: str
+        owner_id: str
+
+        def apply(self, aggregate: Identity) -> None:
+            tenure = aggregate.tenures[self.tenure]
+            tenure.epoch = self.epoch
+            tenure.owner_id = self.owner_id
+            tenure.takeovers = 0
+            tenure.parked_reason = None
+            tenure.settle_operation_id = self.operation_id
+
+    class AbortForced(Aggregate.Event):
+        tenure: int
+        epoch: int
+        operation_id: str
+        actor: str
+        owner_id: str
+
+        def apply(self, aggregate: Identity) -> None:
+            tenure = aggregate.tenures[self.tenure]
+            tenure.epoch = self.epoch
+            tenure.owner_id = self.owner_id
+            if tenure.phase == PREPARING:
+                tenure.abort_reason = "operator_abort"
+            tenure.phase = ABORTING
+            tenure.settle_operation_id = self.operation_id
 
     class Parked(Aggregate.Event):
         tenure: int

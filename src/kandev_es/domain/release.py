@@ -4,14 +4,29 @@ identity again, so it cannot touch a later holder (AC-6)."""
 
 from __future__ import annotations
 
+import re
 import uuid
 from typing import Any
 
 from eventsourcing.domain import Aggregate
 
+from kandev_es.errors import MissingOperationId
+
+OPERATION_ID = re.compile(r"[\x21-\x7e]{1,200}")  # fullmatch: no trailing newline
+
 # What a version-1 Recorded event stored for an operation that released a holder.
 V1_RELEASED = 200
 RELEASE_NAMESPACE = uuid.UUID("9a7c5e3b-1d2f-4e6a-8b0c-2d4f6a8c0e1b")
+
+
+def validate_operation_id(raw: str | None) -> str:
+    """An operator's stable operation id (a release's, a settle's): 1-200
+    printable ASCII characters, sent as the Idempotency-Key."""
+    if raw is None or raw == "":
+        raise MissingOperationId("Idempotency-Key (the operation id) is required")
+    if not OPERATION_ID.fullmatch(raw):
+        raise MissingOperationId("Idempotency-Key must be 1-200 printable ASCII characters")
+    return raw
 
 
 def release_operation_id(workspace_id: uuid.UUID, operation_id: str) -> uuid.UUID:

@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any, cast
 
 from kandev_es import metrics
 from kandev_es.application import Tasks, VersionConflict
@@ -55,6 +56,40 @@ class Parked:
     phase: str
     epoch: int
     reason: str
+
+
+def expired_tenures(
+    app: Tasks,
+    database: Database,
+    projections: ProjectionRunner,
+    now: datetime,
+    workspace_id: uuid.UUID | None = None,
+) -> list[tuple[Identity, Tenure]]:
+    """Every unfinished tenure whose lease has run out (of one workspace, or
+    all), as the event store has it: the read model finds them (it may lag),
+    one query reads them."""
+    projections.catch_up()
+    where, params = "lease_expires_at < ?", [cast(Any, now.timestamp())]
+    if workspace_id is not None:
+        where += " AND workspace_id = ?"
+        params.append(workspace_id if database.backend == "postgres" else str(workspace_id))
+    with database.transaction() as tx:
+        rows = tx.execute(
+            f"SELECT identity_id, tenure FROM creations_view WHERE {where}"
+            " ORDER BY lease_expires_at",
+            params,
+        )
+    keys = [(uuid.UUID(str(identity)), int(number)) for identity, number in rows]
+    reads = app.read_many([key for key, _ in keys]) if keys else {}
+    expired: list[tuple[Identity, Tenure]] = []
+    for key, number in keys:
+        identity = reads.get(key)
+        if not isinstance(identity, Identity):
+            continue
+        tenure = identity.tenures.get(number)
+        if tenure is not None and tenure.in_flight and tenure.lease_expires_at < now:
+            expired.append((identity, tenure))
+    return expired
 
 
 def backoff_seconds(epoch: int, base: float) -> float:
@@ -116,32 +151,11 @@ class Runtime:
     def _due(self, tenure: Tenure, now: datetime) -> bool:
         """Taken over fewer times than allowed, and its lease and backoff have run out."""
         wait = timedelta(seconds=backoff_seconds(tenure.takeovers, self._backoff))
-        return tenure.takeovers < self._attempts and tenure.lease_expires_at + wait < now
-
-    def _is_parked(self, tenure: Tenure, now: datetime) -> bool:
-        return tenure.takeovers >= self._attempts and tenure.lease_expires_at < now
+        fresh = tenure.parked_reason is None and tenure.takeovers < self._attempts
+        return fresh and tenure.lease_expires_at + wait < now
 
     def _expired(self, now: datetime) -> list[tuple[Identity, Tenure]]:
-        """Every unfinished tenure whose lease has run out, as the event store
-        has it: the read model finds them (it may lag), one query reads them."""
-        self._projections.catch_up()
-        with self._database.transaction() as tx:
-            rows = tx.execute(
-                "SELECT identity_id, tenure FROM creations_view"
-                " WHERE lease_expires_at < ? ORDER BY lease_expires_at",
-                (now.timestamp(),),
-            )
-        keys = [(uuid.UUID(str(identity)), int(number)) for identity, number in rows]
-        reads = self._app.read_many([key for key, _ in keys]) if keys else {}
-        expired: list[tuple[Identity, Tenure]] = []
-        for key, number in keys:
-            identity = reads.get(key)
-            if not isinstance(identity, Identity):
-                continue
-            tenure = identity.tenures.get(number)
-            if tenure is not None and tenure.in_flight and tenure.lease_expires_at < now:
-                expired.append((identity, tenure))
-        return expired
+        return expired_tenures(self._app, self._database, self._projections, now)
 
     def expired_candidates(self, now: datetime) -> list[tuple[uuid.UUID, int]]:
         return [(i.id, t.number) for i, t in self._expired(now) if self._due(t, now)]
@@ -160,7 +174,7 @@ class Runtime:
                 tenure.parked_reason or ABANDONED_REASON,
             )
             for identity, tenure in self._expired(now)
-            if self._is_parked(tenure, now)
+            if tenure.parked(self._attempts, now)
         ]
 
     def recover_once(self) -> list[Recovery]:
@@ -172,7 +186,7 @@ class Runtime:
         done = self._resume_interrupted()
         now = datetime.now(UTC)
         for identity, tenure in self._expired(now):
-            if self._is_parked(tenure, now):
+            if tenure.parked(self._attempts, now):
                 self._report_parked(identity.id, tenure, None)
                 continue
             if not self._due(tenure, now):

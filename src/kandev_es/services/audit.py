@@ -59,10 +59,20 @@ def _read_model(database: Database) -> tuple[int, dict[str, tuple[Any, ...]]]:
         )
         position = int(rows[0][0]) if rows else 0
         view = tx.execute(
-            "SELECT task_id, identifier, external_id, phase, archived, revision, dto"
+            "SELECT task_id, position, identifier, external_id, phase, archived, revision, dto"
             " FROM tasks_view"
         )
     return position, {str(row[0]): tuple(row[1:]) for row in view}
+
+
+def _written_later(view: dict[str, tuple[Any, ...]], position: int) -> set[str]:
+    """Rows written inline, in their save, by events past the tracked position
+    (a save under way while the audit reads): their streams are audited by
+    the next run, not reported against a replay that stops before them."""
+    later = {key for key, row in view.items() if int(row[0]) > position}
+    for key in later:
+        del view[key]
+    return later
 
 
 def _replay(app: Tasks, stop: int) -> dict[str, Task]:
@@ -86,7 +96,7 @@ def _replay(app: Tasks, stop: int) -> dict[str, Task]:
 
 
 def _compare(task_id: str, expected: dict[str, Any], row: tuple[Any, ...]) -> list[Disagreement]:
-    identifier, external_id, phase, archived, revision, raw = row
+    _, identifier, external_id, phase, archived, revision, raw = row
     found: list[Disagreement] = []
     try:
         dto = json.loads(raw)
@@ -117,12 +127,13 @@ def _compare(task_id: str, expected: dict[str, Any], row: tuple[Any, ...]) -> li
 
 def verify_tasks(app: Tasks, database: Database) -> AuditReport:
     position, view = _read_model(database)
+    later = _written_later(view, position)
     replayed = _replay(app, position)
     report = AuditReport(position=position, streams=len(replayed), rows=len(view))
     expected = {
         key: task_dto(task)
         for key, task in replayed.items()
-        if not task.deleted and task.phase != TASK_ABORTED
+        if not task.deleted and task.phase != TASK_ABORTED and key not in later
     }
     for key in sorted(set(expected) | set(view)):
         if key not in view:

@@ -99,6 +99,14 @@ def _describe(entry: dict[str, Any]) -> str:
         )
     if kind == "RecoveryClaimed":
         return f"RECOVERY by {entry['owner_id']}, epoch {entry['epoch']}{_request(entry)}"
+    if kind == "Parked":
+        return f"PARKED by the Runtime (left to an operator): {entry['reason']}"
+    if kind in ("RecoveryRenewed", "AbortForced"):
+        action = "RETRY (a fresh series of takeovers)" if kind == "RecoveryRenewed" else "ABORT"
+        return (
+            f"operator {action}, operation {entry['operation_id']}, by {entry['actor']},"
+            f" epoch {entry['epoch']}"
+        )
     if kind == "Completing":
         return "completing (all required steps proven)"
     if kind == "Completed":

@@ -4,7 +4,6 @@ release and recreate."""
 
 from __future__ import annotations
 
-import re
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -12,11 +11,14 @@ from typing import Any
 from kandev_es.application import Tasks, VersionConflict
 from kandev_es.domain.external_id import identity_id, require_external_id
 from kandev_es.domain.identity import COMPLETED, PREPARING, Identity
-from kandev_es.domain.release import ReleaseOperation, release_operation_id
+from kandev_es.domain.release import (
+    ReleaseOperation,
+    release_operation_id,
+    validate_operation_id,
+)
 from kandev_es.domain.task import Task
 from kandev_es.errors import (
     Conflict,
-    MissingOperationId,
     OperationIdReused,
     ReleaseConflict,
     TaskNotFound,
@@ -25,7 +27,6 @@ from kandev_es.observability.serving import current_request_id
 from kandev_es.storage.attestation import AttestationGuard
 from kandev_es.views import task_dto
 
-OPERATION_ID = re.compile(r"[\x21-\x7e]{1,200}")  # fullmatch: no trailing newline
 ATTEMPTS = 16
 # What a release of an identity with no holder answers (and stores).
 NO_HOLDER = TaskNotFound
@@ -39,14 +40,6 @@ class ReleaseResult:
     released: bool
     body: dict[str, Any]
     replayed: bool
-
-
-def validate_operation_id(raw: str | None) -> str:
-    if raw is None or raw == "":
-        raise MissingOperationId("Idempotency-Key (the release operation id) is required")
-    if not OPERATION_ID.fullmatch(raw):
-        raise MissingOperationId("Idempotency-Key must be 1-200 printable ASCII characters")
-    return raw
 
 
 class ReleaseService:

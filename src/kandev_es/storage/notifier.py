@@ -32,9 +32,15 @@ class SaveNotifier:
         self._pid = 0
         self._pending = False
         self.sent = 0
+        # Off while no runner has anything to apply as saves come (every read
+        # model written inline: bootstrap): each NOTIFY is a transaction with
+        # an id of its own, a second write transaction beside the saves'.
+        self.enabled = True
 
     def saved(self) -> None:
         """A save committed: a NOTIFY is due."""
+        if not self.enabled:
+            return
         self._pending = True
         self._due.set()
         thread = self._thread

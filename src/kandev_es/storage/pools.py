@@ -15,6 +15,8 @@ from typing import Any
 
 from psycopg_pool import ConnectionPool, PoolTimeout
 
+from kandev_es import metrics
+
 _LIFO_CLASSES: dict[type, type] = {}
 
 
@@ -30,7 +32,10 @@ def _lifo_subclass(base: type[ConnectionPool[Any]]) -> type[ConnectionPool[Any]]
                 self._nconns_min = len(self._pool)  # what the idle shrinker reads
             return conn
         # None ready: the base class decides between waiting and refusing.
-        return pick_ready(self, timeout)
+        conn = pick_ready(self, timeout)
+        if conn is None:  # the caller waits: counted (docs/observability.md: Alerts)
+            metrics.record_pool_wait()
+        return conn
 
     # Same layout as the base (one method more), so a live pool can switch.
     return type(f"MostRecentFirst{base.__name__}", (base,), {

@@ -8,7 +8,7 @@ from typing import Any, Protocol
 
 from kandev_es.application import Tasks
 from kandev_es.config import Settings
-from kandev_es.errors import InternalError, KandevError
+from kandev_es.errors import CompensationUnproven, InternalError, KandevError
 
 STARTED = "started"
 SUCCEEDED = "succeeded"
@@ -79,6 +79,28 @@ class Step(Protocol):
     def absent(self, ctx: StepContext) -> bool:
         """Proof of compensation: nothing of the effect is left."""
         ...
+
+
+def remove_effect(step: Step, ctx: StepContext) -> dict[str, Any]:
+    """An operator's abort of one step: its compensation, or where that fails
+    its forced removal (a step that has one: ``remove_forcibly``), then the
+    proof that nothing is left. Returns the evidence; raises
+    ``CompensationUnproven`` while something is left."""
+    evidence: dict[str, Any] = {"proof": "absent", "by": "operator"}
+    try:
+        step.compensate(ctx)
+    except Exception as error:  # whatever failed, the operator asked for removal
+        evidence["compensation_failed"] = repr(error)[:500]
+        forced = getattr(step, "remove_forcibly", None)
+        if forced is not None:
+            forced(ctx)
+            evidence["forced"] = True
+    if not step.absent(ctx):
+        raise CompensationUnproven(
+            f"step {step.name} could not be removed; repair it by hand, then abort again",
+            step=step.name,
+        )
+    return evidence
 
 
 # WIP ledgers, attachments and sessions are shared by concurrent creations:

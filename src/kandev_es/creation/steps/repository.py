@@ -111,6 +111,16 @@ class RepositoryStep:
         if ours:
             git(self.path, "config", "--unset", f"branch.{branch}.kandevtask", check=False)
 
+    def remove_forcibly(self, ctx: StepContext) -> None:
+        """An operator's abort, where ``compensate`` failed (git refuses a
+        worktree it cannot read, say): the worktree folder is ours (under the
+        data dir, named by the task), so it goes without asking git; git then
+        forgets it, and our branch and marker go as in ``compensate``."""
+        shutil.rmtree(self.worktree(ctx), ignore_errors=True)
+        if not self._repository_gone():
+            git(self.path, "worktree", "prune")
+        self.compensate(ctx)
+
     def absent(self, ctx: StepContext) -> bool:
         branch, worktree = self.branch(ctx), self.worktree(ctx)
         if self._repository_gone():
