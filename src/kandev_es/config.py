@@ -389,6 +389,17 @@ def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
     return value
 
 
+def _ledger_settings(env: Mapping[str, str]) -> dict[str, Any]:
+    """The tamper-evident history's settings (docs/auditing.md)."""
+    key_file = env.get("KANDEV_LEDGER_KEY_FILE")
+    return {
+        "ledger_checkpoint_seconds": _seconds(env, "KANDEV_LEDGER_CHECKPOINT_SECONDS", 2.0),
+        "ledger_checkpoint_events": _int(env, "KANDEV_LEDGER_CHECKPOINT_EVENTS", 1000),
+        "ledger_key_file": Path(key_file) if key_file else None,
+        "ledger_origin": env.get("KANDEV_LEDGER_ORIGIN") or Settings.ledger_origin,
+    }
+
+
 def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
     env = os.environ if environ is None else environ
     step_attempts = _int(env, "KANDEV_STEP_ATTEMPTS", Settings.step_attempts)
@@ -437,12 +448,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         audit_link_seconds=_seconds(env, "KANDEV_AUDIT_LINK_SECONDS", 900.0),
         max_agents_per_run=_int(env, "KANDEV_MAX_AGENTS_PER_RUN", 4),
         max_run_agents_per_workspace=_int(env, "KANDEV_MAX_RUN_AGENTS_PER_WORKSPACE", 16),
-        ledger_checkpoint_seconds=_seconds(env, "KANDEV_LEDGER_CHECKPOINT_SECONDS", 2.0),
-        ledger_checkpoint_events=_int(env, "KANDEV_LEDGER_CHECKPOINT_EVENTS", 1000),
-        ledger_key_file=Path(env["KANDEV_LEDGER_KEY_FILE"])
-        if env.get("KANDEV_LEDGER_KEY_FILE")
-        else None,
-        ledger_origin=env.get("KANDEV_LEDGER_ORIGIN") or Settings.ledger_origin,
+        **_ledger_settings(env),
         api_docs=_flag(env.get("KANDEV_API_DOCS"), True),
         agent_env=tuple(
             name.strip() for name in (env.get("KANDEV_AGENT_ENV") or "").split(",") if name.strip()

@@ -84,10 +84,27 @@ def insert_function(function: Composable, table: Composable, apply_views: Compos
         "   IF EXISTS (SELECT 1 FROM {table} WHERE originator_id = guard_ids[i]"
         "    AND originator_version > guard_versions[i]) THEN RETURN; END IF;"
         "  END LOOP;"
-        # Each event's chain hash (kandev_es_client.ledger.chain_hash, the
-        # same bytes): its stream's previous hash is earlier in this save or
-        # the stream's stored row, which the stream's lock keeps still.
-        # An old row without a hash (before db init's backfill) leaves NULL.
+        "{chain_loop}"
+        "  WITH inserted AS (INSERT INTO {table}"
+        "   (originator_id, originator_version, topic, state, chain_hash)"
+        "   SELECT * FROM unnest(ids, versions, topics, states, hashes)"
+        "   RETURNING notification_id)"
+        "  SELECT array_agg(notification_id ORDER BY notification_id) INTO positions"
+        "   FROM inserted;"  # one statement draws its ids in row order
+        "  IF views IS NOT NULL THEN PERFORM {apply_views}(views, positions); END IF;"
+        "  RETURN QUERY SELECT unnest(positions);"
+        " END $BODY$"
+    ).format(
+        function=function, table=table, apply_views=apply_views, chain_loop=_chain_loop(table),
+    )
+
+
+def _chain_loop(table: Composable) -> Composed:
+    """Each event's chain hash, into ``hashes`` (kandev_es_client.ledger.chain_hash,
+    the same bytes): its stream's previous hash is earlier in this save or the
+    stream's stored row, which the stream's lock keeps still. An old row without
+    a hash (before db init's backfill) leaves NULL."""
+    return SQL(
         "  FOR i IN 1 .. coalesce(array_length(ids, 1), 0) LOOP"
         "   previous := NULL;"
         "   IF versions[i] = 1 THEN previous := {genesis};"
@@ -104,19 +121,7 @@ def insert_function(function: Composable, table: Composable, apply_views: Compos
         "    || int4send(octet_length(convert_to(topics[i], 'UTF8')))"
         "    || convert_to(topics[i], 'UTF8') || states[i]);"
         "  END LOOP;"
-        "  WITH inserted AS (INSERT INTO {table}"
-        "   (originator_id, originator_version, topic, state, chain_hash)"
-        "   SELECT * FROM unnest(ids, versions, topics, states, hashes)"
-        "   RETURNING notification_id)"
-        "  SELECT array_agg(notification_id ORDER BY notification_id) INTO positions"
-        "   FROM inserted;"  # one statement draws its ids in row order
-        "  IF views IS NOT NULL THEN PERFORM {apply_views}(views, positions); END IF;"
-        "  RETURN QUERY SELECT unnest(positions);"
-        " END $BODY$"
-    ).format(
-        function=function, table=table, apply_views=apply_views,
-        tag=Literal(CHAIN_TAG), genesis=Literal(GENESIS),
-    )
+    ).format(table=table, tag=Literal(CHAIN_TAG), genesis=Literal(GENESIS))
 
 
 def chain_column_statement(table: Composable, table_sql: str) -> Composed:
