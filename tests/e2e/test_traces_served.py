@@ -65,8 +65,10 @@ def test_a_create_is_one_trace_from_the_caller_to_the_agent_and_recovery_links_t
         run_id = str(session_id_for(uuid.UUID(created.body["id"])))
         agent_parent = Path(settings.data_dir) / "sessions" / created.body["id"] / "traceparent"
         server.wait_for_file(agent_parent, "the agent never wrote its TRACEPARENT")
+        # The request's span ends last (after its answer is sent): once it is
+        # here, every span of the create is (one exporting thread, in order).
         spans = receiver.wait(lambda got: any(
-            s.trace_id == trace_id and s.name == "answer" for s in got))
+            s.trace_id == trace_id and s.parent_span_id == caller_span for s in got))
         _check_create_trace(spans, trace_id, caller_span, settings.database_url is not None)
         launch = next(s for s in spans if s.name == "step agent_launch")
         assert agent_parent.read_text().strip() == f"00-{trace_id}-{launch.span_id}-01"
@@ -92,11 +94,12 @@ def _check_create_trace(
     assert server_span.attributes["kandev.request_id"]
     [create] = [s for s in _children(ours, server_span) if s.name == "create"]
     assert create.attributes["kandev.outcome"] == "created"
-    names = [span.name for span in _children(ours, create)]
+    by_start = sorted(_children(ours, create), key=lambda span: span.start)
+    names = [span.name for span in by_start]
     for expected in ("lookup", "claim", "step agent_session", "step agent_launch"):
         assert expected in names, names
-    assert names.index("claim") < names.index("step agent_session") < names.index(
-        "step agent_launch")
+    assert names.index("lookup") < names.index("claim") < names.index(
+        "step agent_session") < names.index("step agent_launch"), names
     steps = [s for s in _children(ours, create) if s.name.startswith("step ")]
     assert {s.attributes["kandev.step.outcome"] for s in steps} == {"succeeded"}
     assert all(any(c.name == "save" for c in _children(ours, s)) for s in steps)

@@ -25,6 +25,7 @@ class Span:
     kind: int
     attributes: dict[str, Any]
     links: tuple[tuple[str, str], ...] = field(default=())
+    start: int = 0  # ns since the epoch
 
 
 def _value(any_value: Any) -> Any:
@@ -43,6 +44,7 @@ def _spans(payload: bytes) -> list[Span]:
             span.kind,
             {a.key: _value(a.value) for a in span.attributes},
             tuple((link.trace_id.hex(), link.span_id.hex()) for link in span.links),
+            span.start_time_unix_nano,
         )
         for resource in request.resource_spans
         for scope in resource.scope_spans
