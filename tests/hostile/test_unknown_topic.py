@@ -13,9 +13,9 @@ import uuid
 
 import pytest
 from eventsourcing.persistence import StoredEvent
+from kandev_es.projections.rebuild import rebuild
 
 from kandev_es.errors import UnknownTopic
-from kandev_es.projections.rebuild import rebuild
 
 NEWER = "kandev_es.domain.task:Task.FromANewerVersion"
 
@@ -31,9 +31,11 @@ def test_the_projection_loop_stops_before_an_event_of_an_unknown_topic(
     newer_id = services.app.max_notification_id()
     services.creation.create(principal, {"title": "after"})
 
-    with caplog.at_level(logging.ERROR, logger="kandev_es.projections"):
-        with pytest.raises(UnknownTopic) as refused:
-            rebuild(services.projections, "tasks")
+    with (
+        caplog.at_level(logging.ERROR, logger="kandev_es.projections"),
+        pytest.raises(UnknownTopic) as refused,
+    ):
+        rebuild(services.projections, "tasks")
 
     assert NEWER in str(refused.value)
     assert services.projections.position("tasks@rebuild") == newer_id - 1  # never past it
