@@ -55,15 +55,18 @@ def feed_kind(event: Any, was_active: bool) -> str | None:
     return None
 
 
-def feed_row(event: Any, kind: str, dto: dict[str, Any]) -> tuple[Any, ...]:
-    """A feed row after its position: (workspace, id, type, subject, timestamp, data)."""
+def feed_row(
+    event: Any, kind: str, dto: dict[str, Any], text: str | None = None
+) -> tuple[Any, ...]:
+    """A feed row after its position: (workspace, id, type, subject, timestamp,
+    data); ``text``: the DTO as JSON already, if made."""
     return (
         dto["workspace_id"],
         str(feed_event_id(event.originator_id, event.originator_version)),
         kind,
         str(event.originator_id),
         event.timestamp.isoformat(),
-        json.dumps(dto),
+        json.dumps(dto) if text is None else text,
     )
 
 

@@ -76,6 +76,16 @@ def _task_rows(
         else:
             _add(views, "tasks_changed", (key, *columns, text))
         _add(views, "feed_tasks", (key, text))
+        if len(events) == 1:  # one event: the DTO at it is the final one (made once)
+            index, event = events[0]
+            # Active before it unless it is the activation itself or the task's birth.
+            was_active = final["state"] == TASK_ACTIVE and not isinstance(
+                event, Task.Activated | Task.Created
+            )
+            kind = feed_kind(event, was_active)
+            if kind is not None:
+                _add(views, "feed", (index, *feed_row(event, kind, final, text)))
+            return
     _feed_rows(views, task, events, final, born is not None)
 
 
@@ -98,14 +108,7 @@ def _feed_rows(
         return
     if len(events) != 1:
         raise ViewsFailed(f"a save of {len(events)} events of task {task.id} it did not create")
-    index, event = events[0]
-    if final is None:
-        return
-    # One event: active before it unless it is the activation itself.
-    was_active = final["state"] == TASK_ACTIVE and not isinstance(event, Task.Activated)
-    kind = feed_kind(event, was_active)
-    if kind is not None:
-        _add(views, "feed", (index, *feed_row(event, kind, final)))
+    # One event that ends the task (Deleted, CreationAborted): no feed row.
 
 
 def _identity_rows(

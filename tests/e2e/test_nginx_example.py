@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -149,6 +150,8 @@ def test_the_documented_proxy_logs_no_audit_secret_and_answers_503_json_without_
             assert headers["Retry-After"] == "1" and headers["Cache-Control"] == "no-store"
             answer = json.loads(body)
             assert answer["error"] == Unavailable.code and ApiErrorSchema().validate(answer) == {}
+            assert re.fullmatch("[0-9a-f]{32}", answer["request_id"])
+            assert headers["X-Request-Id"] == answer["request_id"]
     finally:
         server.stop()
         nginx.send_signal(signal.SIGQUIT)  # graceful: every log line written out

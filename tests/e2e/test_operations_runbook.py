@@ -4,10 +4,11 @@ a real cluster of its own — the role and database made by a superuser, the ser
 user's environment file and password file (the role must give its password: the
 cluster asks kandev for one), db init, the production command serving, token
 rotation and a rebuild under a create load, WAL archiving, a base backup and a
-point-in-time restore. Only host names, ports, paths and the recovery moment are
+point-in-time restore, then a dump restored elsewhere with the numbering moved
+past what the dump lost. Only host names, ports, paths and the recovery moment are
 moved to the test's own (each of those strings must still be on the page), so a
 stale line fails here. The restore keeps every create acknowledged before the
-moment and none after it, and `audit verify` is clean."""
+moment and none after it, and `audit verify` is clean after each restore."""
 
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ MARKER = re.compile(r"<!-- runbook: ([\w-]+) -->")
 PG_USER = "postgres"
 MOMENT = "2026-12-05 10:00:00+00"
 PAUSE_S = 0.05
+DUMP_TARGET = "kandev_new"
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -51,6 +53,9 @@ class Runbook:
         self.etc = tmp / "etc-kandev-es"
         self.moves = {
             "-h db.internal -p 5432": f"-h 127.0.0.1 -p {port}",
+            # The dump's restore target: another database of the same cluster.
+            "db-new:5432/kandev": f"127.0.0.1:{port}/{DUMP_TARGET}",
+            "db-new:5432": f"127.0.0.1:{port}",
             "db.internal:5432": f"127.0.0.1:{port}",
             "/etc/kandev-es/": f"{self.etc}/",
             "/var/lib/kandev-es": str(tmp / "kandev-data"),
@@ -298,6 +303,14 @@ def test_the_postgresql_runbook_runs_as_written(tmp_path):
         kandev_url = database_url(cluster.url, "kandev")
         held = _held(kandev_url, workspace["id"])
         assert held == set(before), (len(held), len(before), len(late))
+
+        with psycopg.connect(cluster.url, autocommit=True) as connection:  # the new server's
+            connection.execute(f"CREATE DATABASE {DUMP_TARGET} OWNER kandev")
+        dumped = runbook.run("pg_dump -Fc")
+        [moved] = [json.loads(x) for x in dumped.splitlines() if x[:1] == "{"]
+        assert moved["name"] == "payments"
+        assert int(moved["next_identifier_at_least"].split("-")[1]) > 1000 + len(before)
+        assert _held(database_url(cluster.url, DUMP_TARGET), workspace["id"]) == set(before)
     finally:
         if server is not None:
             _stop(server)

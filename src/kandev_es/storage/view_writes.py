@@ -43,21 +43,8 @@ class Write:
     at: str | None = None  # the column taking the position of the row's event
 
     def sqlite(self) -> str:
-        names = [name for name, _ in self.columns]
-        if self.kind in ("insert", "upsert"):
-            marks = ", ".join("?" for _ in names)
-            statement = f"INSERT INTO {self.table} ({', '.join(names)}) VALUES ({marks})"
-            if self.kind == "upsert":
-                sets = ", ".join(f"{c} = excluded.{c}" for c in self.updates)
-                return statement + f" ON CONFLICT ({', '.join(self.keys)}) DO UPDATE SET {sets}"
-            if self.keys:
-                statement += f" ON CONFLICT ({', '.join(self.keys)}) DO NOTHING"
-            return statement
-        where = " AND ".join(f"{k} = ?" for k in self.keys)
-        if self.kind == "delete":
-            return f"DELETE FROM {self.table} WHERE {where}"
-        sets = ", ".join(f"{c} = ?" for c in self.updates)
-        return f"UPDATE {self.table} SET {sets} WHERE {where}"
+        """The statement ``executemany`` runs, one row of ``sqlite_row`` at a time."""
+        return self._render(self.table, None)
 
     def sqlite_row(self, row: tuple[Any, ...], ids: Sequence[int]) -> tuple[Any, ...]:
         """The row's parameters in ``sqlite()``'s order."""
@@ -71,7 +58,6 @@ class Write:
     def postgres(self, schema: str) -> str:
         """The statement inside ``kandev_apply_views``: the rows are JSON
         arrays under ``views->'<key>'``; ``positions`` the save's ids."""
-        table = f"{schema}.{self.table}" if schema else self.table
         values = []
         for index, (name, kind) in enumerate(self.columns):
             if name == self.at:
@@ -79,15 +65,26 @@ class Write:
             else:
                 values.append(f"(r->>{index})::{kind} AS {name}")
         rows = f"SELECT {', '.join(values)} FROM jsonb_array_elements(views->'{self.key}') AS r"
+        return self._render(f"{schema}.{self.table}" if schema else self.table, rows)
+
+    def _render(self, table: str, rows: str | None) -> str:
+        """The statement on ``table``, its rows from the query ``rows``
+        (PostgreSQL) or, without it, one row of parameters (SQLite)."""
         names = [name for name, _ in self.columns]
         if self.kind in ("insert", "upsert"):
-            statement = f"INSERT INTO {table} ({', '.join(names)}) {rows}"
+            source = rows if rows is not None else f"VALUES ({', '.join('?' for _ in names)})"
+            statement = f"INSERT INTO {table} ({', '.join(names)}) {source}"
             if self.kind == "upsert":
                 sets = ", ".join(f"{c} = excluded.{c}" for c in self.updates)
                 return statement + f" ON CONFLICT ({', '.join(self.keys)}) DO UPDATE SET {sets}"
             if self.keys:
                 statement += f" ON CONFLICT ({', '.join(self.keys)}) DO NOTHING"
             return statement
+        if rows is None:
+            where = " AND ".join(f"{k} = ?" for k in self.keys)
+            if self.kind == "delete":
+                return f"DELETE FROM {table} WHERE {where}"
+            return f"UPDATE {table} SET {', '.join(f'{c} = ?' for c in self.updates)} WHERE {where}"
         where = " AND ".join(f"t.{k} = v.{k}" for k in self.keys)
         if self.kind == "delete":
             return f"DELETE FROM {table} AS t USING ({rows}) AS v WHERE {where}"
