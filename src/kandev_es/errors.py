@@ -355,6 +355,13 @@ class CreationHandedOver(Unavailable):
     code = "creation_handed_over"
 
 
+class UnknownTopic(Unavailable):
+    """The projection loop met an event of a topic this version does not know
+    (written by a newer one): it stops there rather than leave a hole."""
+
+    code = "unknown_topic"
+
+
 class UnknownStep(Unavailable):
     """A stored creation plan names a step this version cannot build (a newer
     version planned it): the creation is left for a runtime that knows it."""

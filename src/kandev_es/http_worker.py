@@ -26,7 +26,6 @@ import os
 import resource
 import socket
 import time
-from collections.abc import Callable, Iterable
 from typing import Any
 
 from gunicorn.workers.base import Worker
@@ -42,7 +41,6 @@ from kandev_es.http_limits import HEAD_BYTES, HeadLimits, JsonErrorTask, limited
 SLICE_S = 0.5
 # Seconds a connection whose request was refused still reads (and drops) what comes.
 LINGER_S = 5.0
-WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
 
 class Timeouts:

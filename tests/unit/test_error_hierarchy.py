@@ -42,7 +42,7 @@ STATUS = {
     502: "EffectFailed RepositoryEffectFailed AgentLaunchFailed EffectUnproven"
     " CompensationUnproven",
     503: "Unavailable StreamLimitReached SchemaNotAttested StoreUnavailable CreationHandedOver"
-    " UnknownStep",
+    " UnknownStep UnknownTopic",
 }
 
 

@@ -473,6 +473,18 @@ class KandevPostgresRecorder(PostgresApplicationRecorder):
         return head
 
     @_retry_once_after_pool_check
+    def first_unknown(self, after: int, upto: int, known: Sequence[str]) -> tuple[int, str] | None:
+        """The first notification in (after, upto] whose topic is not in ``known``."""
+        with _Pooled(self.datastore.pool) as conn:
+            row = _tuples(conn).execute(
+                f"SELECT notification_id, topic FROM {self._table_sql}"
+                " WHERE notification_id > %s AND notification_id <= %s"
+                " AND NOT topic = ANY(%s) ORDER BY notification_id LIMIT 1",
+                (after, upto, list(known)),
+            ).fetchone()
+        return None if row is None else (int(row[0]), str(row[1]))
+
+    @_retry_once_after_pool_check
     def read_settled(self, after: int, limit: int, topics: Sequence[str] = ()) -> Settled:
         """Up to ``limit`` notifications after ``after``, only settled ones."""
         statement, params = self.horizon.read_params(after, limit, topics)

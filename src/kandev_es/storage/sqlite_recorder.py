@@ -37,6 +37,18 @@ class KandevSQLiteRecorder(SQLiteApplicationRecorder):
         self._checkpointed = head = int(self.max_notification_id() or 0)
         return head
 
+    def first_unknown(self, after: int, upto: int, known: Sequence[str]) -> tuple[int, str] | None:
+        """The first notification in (after, upto] whose topic is not in ``known``."""
+        marks = ", ".join("?" for _ in known)
+        with self.datastore.transaction(commit=False) as c:
+            c.execute(
+                f"SELECT rowid, topic FROM {self.events_table_name} WHERE rowid > ?"
+                f" AND rowid <= ? AND topic NOT IN ({marks}) ORDER BY rowid LIMIT 1",
+                (after, upto, *known),
+            )
+            row = c.fetchone()
+        return None if row is None else (int(row[0]), str(row[1]))
+
     def read_settled(self, after: int, limit: int, topics: Sequence[str] = ()) -> Settled:
         """One writer commits ids in order, so everything up to a head read
         before (the last checkpoint's, whichever thread took it) is committed
