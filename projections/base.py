@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from eventsourcing.domain import Aggregate
-from eventsourcing.utils import get_topic
+from eventsourcing.utils import get_topic, resolve_topic
 
 from kandev_es.storage.database import Transaction
 
@@ -51,6 +51,28 @@ def event_topics(*aggregates: type[Aggregate]) -> tuple[str, ...]:
             if is_event and value is not getattr(aggregate, "Event", None):
                 topics.append(get_topic(value))
     return tuple(topics)
+
+
+def known_topics() -> set[str]:
+    """Every event topic this version can read: the events nested in every
+    aggregate class loaded (bootstrap has imported the domain by then)."""
+    found: set[str] = set()
+    classes = list(Aggregate.__subclasses__())
+    while classes:
+        aggregate = classes.pop()
+        classes.extend(aggregate.__subclasses__())
+        found.update(event_topics(aggregate))
+    return found
+
+
+def resolvable(topic: str) -> bool:
+    """Whether this version can decode events of ``topic`` (an old name
+    registered for a renamed class counts)."""
+    try:
+        resolve_topic(topic)
+    except Exception:  # TopicError, or the module or class is gone
+        return False
+    return True
 
 
 def db_id(value: Any, backend: str) -> Any:

@@ -12,7 +12,7 @@ import time
 
 from kandev_es.projections.runner import ProjectionRunner, is_inline
 
-from kandev_es.errors import StoreUnavailable
+from kandev_es.errors import StoreUnavailable, UnknownTopic
 
 BATCH = 5000
 SETTLE_SECONDS = 60.0
@@ -46,6 +46,8 @@ def hand_over(runner: ProjectionRunner) -> dict[str, int]:
                         (name, position),
                     )
                     break
+            if name in runner.stopped:
+                raise UnknownTopic(f"projection {name} {runner.stopped[name]}")
             if not read:
                 if time.monotonic() > deadline:
                     raise StoreUnavailable(f"projection {name} did not reach the head {head}")

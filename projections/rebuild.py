@@ -22,7 +22,7 @@ from typing import Any, cast
 from kandev_es.projections.base import Rebuildable
 from kandev_es.projections.runner import ProjectionRunner
 
-from kandev_es.errors import NotRebuildable, UnknownProjection
+from kandev_es.errors import NotRebuildable, UnknownProjection, UnknownTopic
 from kandev_es.storage.database import Transaction
 from kandev_es.storage.schema import POSTGRES_DDL, SQLITE_DDL
 
@@ -138,9 +138,12 @@ def rebuild(
             progress(position, max(head, position), applied)
         if position >= head or (not read and time.monotonic() > settle_by):
             break  # (an older transaction still open: the live runner goes on from here)
+        if tracking in runner.stopped:
+            break
         if not read:
             time.sleep(0.01)  # events below the head wait for an older transaction
         runner.checkpoint()
+    _refuse_a_hole(runner, tracking)
     lock = " FOR UPDATE" if backend == "postgres" else ""
     runner.checkpoint()
     with runner.database.transaction() as tx:
@@ -152,6 +155,7 @@ def rebuild(
         tx.execute("SELECT position FROM projection_tracking WHERE name = ?" + lock, (name,))
         while read := runner.apply_pending(tx, fresh, tracking, batch_size, writes_paused=True):
             applied += read
+        _refuse_a_hole(runner, tracking)  # nothing swapped: the switch rolls back
         position = _position(tx, tracking)
         for table in live.tables:
             _swap(tx, backend, table)
@@ -165,6 +169,13 @@ def rebuild(
     if progress is not None:
         progress(position, position, applied)
     return RebuildResult(name, position, applied, time.monotonic() - started, paused)
+
+
+def _refuse_a_hole(runner: ProjectionRunner, tracking: str) -> None:
+    """A replay that stopped at an event this version cannot read would swap
+    in tables without it: refused (the live tables stay)."""
+    if tracking in runner.stopped:
+        raise UnknownTopic(f"rebuild refused: {runner.stopped[tracking]}")
 
 
 def _pause_writes(tx: Transaction, runner: ProjectionRunner) -> None:

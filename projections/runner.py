@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, cast
 
-from kandev_es.projections.base import BatchProjection, Projection
+from kandev_es.projections.base import BatchProjection, Projection, known_topics, resolvable
 from kandev_es.projections.leadership import RETRY_SECONDS, make_leadership
 from kandev_es.projections.wakeup import Waker, make_waker
 
@@ -78,6 +78,10 @@ class ProjectionRunner:
         self._inline_written = 0.0  # when inline positions were last written
         self._inline_due = False  # an inline position moved and is not written yet
         self._inline_position = 0  # the position last written for them
+        # Tracking name -> why it stopped: an event of a topic this version
+        # does not know (a newer writer's). /readyz reports it.
+        self.stopped: dict[str, str] = {}
+        self._known: set[str] | None = None
 
     def asynchronous(self) -> bool:
         """Whether some projection is applied by this loop (not inline)."""
@@ -266,6 +270,10 @@ class ProjectionRunner:
             new_position = notifications[-1].id
         else:  # all there is up to the settled position: skip what is ignored
             new_position = max(position, settled.position)
+        stop = self._unknown_after(tracking, position, new_position)
+        if stop is not None:  # never past it: a pause, never a hole
+            notifications = [n for n in notifications if n.id < stop]
+            new_position = stop - 1
         if notifications:
             self._apply(tx, projection, notifications)
         if new_position != position:
@@ -308,9 +316,13 @@ class ProjectionRunner:
         notifications = list(
             recorder.select_notifications(position + 1, limit, topics=list(topics))
         )
+        new_position = notifications[-1].id if len(notifications) == limit else max(head, position)
+        stop = self._unknown_after(tracking, position, new_position)
+        if stop is not None:
+            notifications = [n for n in notifications if n.id < stop]
+            new_position = stop - 1
         if notifications:
             self._apply(tx, projection, notifications)
-        new_position = notifications[-1].id if len(notifications) == limit else max(head, position)
         tx.execute(
             "INSERT INTO projection_tracking (name, position) VALUES (?, ?)"
             " ON CONFLICT (name) DO UPDATE SET position = excluded.position",
@@ -318,6 +330,34 @@ class ProjectionRunner:
         )
         self.reached[tracking] = new_position
         return len(notifications)
+
+    def _unknown_after(self, tracking: str, position: int, upto: int) -> int | None:
+        """The id of the first event in (position, upto] whose topic this
+        version does not know, if any. A projection reads only its own topics,
+        so without this look it would move past an event a newer version wrote
+        for it and leave a hole in its read model for good; it stops there
+        instead, logs why at ERROR and /readyz says so, until a version that
+        knows the topic runs it."""
+        if upto <= position:
+            return None
+        if self._known is None:
+            self._known = known_topics()
+        recorder = cast(Any, self.app.recorder)
+        while (found := recorder.first_unknown(position, upto, sorted(self._known))) is not None:
+            number, topic = found
+            if resolvable(topic):  # an old name of a known class, say
+                self._known.add(topic)
+                continue
+            reason = (
+                f"stopped before event {number}: its topic {topic!r} is unknown to this"
+                " version (written by a newer one); run a version that knows it"
+            )
+            if self.stopped.get(tracking) != reason:
+                log.error("projection %s %s", tracking, reason)
+            self.stopped[tracking] = reason
+            return int(number)
+        self.stopped.pop(tracking, None)
+        return None
 
     def _apply(self, tx: Transaction, projection: Projection, notifications: Any) -> None:
         backend = self.database.backend

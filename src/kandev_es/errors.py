@@ -95,6 +95,12 @@ class NotRebuildable(BadRequest):
     code = "projection_not_rebuildable"
 
 
+class InvalidCheckpointRange(BadRequest):
+    """A consistency proof asked between sizes that are not 0 < from <= to."""
+
+    code = "invalid_checkpoint_range"
+
+
 class ValidationFailed(KandevError):
     """Request-specific validation (title, workflow, references) failed."""
 
@@ -196,6 +202,13 @@ class IdentityNotFound(NotFound):
 
     def to_dict(self) -> dict[str, Any]:
         return {"error": "identity not found"}
+
+
+class CheckpointNotFound(NotFound):
+    """No signed checkpoint of that size (or none yet: the ledger's sequencer
+    has not caught up; docs/auditing.md)."""
+
+    code = "checkpoint_not_found"
 
 
 class CreationNotFound(NotFound):
@@ -353,6 +366,13 @@ class CreationHandedOver(Unavailable):
     """A newer epoch (the recovery Runtime) took over the caller's creation."""
 
     code = "creation_handed_over"
+
+
+class UnknownTopic(Unavailable):
+    """The projection loop met an event of a topic this version does not know
+    (written by a newer one): it stops there rather than leave a hole."""
+
+    code = "unknown_topic"
 
 
 class UnknownStep(Unavailable):

@@ -77,7 +77,7 @@ def from_elsewhere(browser: Devtools, base: str) -> list[str]:
     return [url for url in browser.requested if not url.startswith((base, "data:", "about:"))]
 
 
-def test_a_search_for_release_lists_pages(site, browser, tmp_path):
+def search_for_release_lists_pages(site: str, browser: Devtools, shots: Path) -> None:
     browser.open(site)
     browser.click(".md-search__input")
     browser.type("release")
@@ -88,11 +88,13 @@ def test_a_search_for_release_lists_pages(site, browser, tmp_path):
     titles = browser.evaluate(
         "[...document.querySelectorAll('.md-search-result__item h1')].map(h => h.textContent)")
     assert "Command line" in titles and "API reference" in titles, titles
-    browser.screenshot(tmp_path / "search-release.png")
+    browser.screenshot(shots / "search-release.png")
     assert from_elsewhere(browser, site) == []
 
 
-def test_the_api_reference_shows_an_operations_request_schema(site, browser, tmp_path):
+def api_reference_shows_an_operations_request_schema(
+    site: str, browser: Devtools, shots: Path
+) -> None:
     browser.open(site + "api-reference/#post-apiv1tasks")
     # The create's section: its heading, then the request body's example and schema.
     section = browser.wait_for("""(() => {
@@ -109,11 +111,11 @@ def test_the_api_reference_shows_an_operations_request_schema(site, browser, tmp
     for field in ("external_id", "workspace_id", "title", "start_agent"):
         assert f'"{field}"' in section["text"], field
     assert section["width"] > 300 and section["height"] > 100, section
-    browser.screenshot(tmp_path / "api-reference.png")
+    browser.screenshot(shots / "api-reference.png")
     assert from_elsewhere(browser, site) == []
 
 
-def test_the_home_page_draws_the_identity_lifecycle(site, browser, tmp_path):
+def home_page_draws_the_identity_lifecycle(site: str, browser: Devtools, shots: Path) -> None:
     browser.open(site)
     drawing = browser.wait_for("""(() => {
         const svg = document.querySelector('#lifecycle svg');
@@ -127,12 +129,11 @@ def test_the_home_page_draws_the_identity_lifecycle(site, browser, tmp_path):
     assert drawing["glyph_width"] > 0, "the drawing's text has no width: not rendered"
     for step in ("claim", "complete", "release", "aborted", "found_unsettled"):
         assert step in drawing["words"], step
-    browser.screenshot(tmp_path / "lifecycle.png")
+    browser.screenshot(shots / "lifecycle.png")
     assert from_elsewhere(browser, site) == []
 
 
-@pytest.mark.parametrize("page", ["architecture/", "operations/", "getting-started/"])
-def test_the_page_reads_whole_at_1280_px(site, browser, page):
+def page_reads_whole_at_1280_px(site: str, browser: Devtools, page: str) -> None:
     browser.open(site + page)
     overflowing = browser.evaluate("""
         [...document.querySelectorAll('.md-content pre, .md-content table')]
@@ -140,6 +141,17 @@ def test_the_page_reads_whole_at_1280_px(site, browser, page):
         .map(e => e.textContent.slice(0, 60))""")
     assert overflowing == [], f"cut off at 1,280 px on {page}: {overflowing}"
     assert browser.evaluate("document.documentElement.scrollWidth") <= 1280
+
+
+def test_a_reader_searches_reads_the_reference_and_sees_the_lifecycle_offline(
+    site, browser, tmp_path
+):
+    """One test, so that one worker builds and serves the site once."""
+    search_for_release_lists_pages(site, browser, tmp_path)
+    api_reference_shows_an_operations_request_schema(site, browser, tmp_path)
+    home_page_draws_the_identity_lifecycle(site, browser, tmp_path)
+    for page in ("architecture/", "operations/", "getting-started/"):
+        page_reads_whole_at_1280_px(site, browser, page)
 
 
 def test_the_served_api_docs_page_renders_every_operation_from_local_files(

@@ -47,6 +47,13 @@ class ReadinessSchema(Schema):
         keys=fields.String(), values=fields.Integer(), metadata={"description": "events behind"}
     )
     store_error = fields.String()
+    projections_stopped = fields.Dict(
+        keys=fields.String(),
+        values=fields.String(),
+        metadata={"description": "a projection stopped at an event of a topic this version"
+                  " does not know (a newer writer's): why; unready until a version that"
+                  " knows it runs"},
+    )
     durability = fields.Nested(
         DurabilitySchema,
         metadata={"description": "PostgreSQL only: does a commit wait for a synchronous standby"},
@@ -98,7 +105,10 @@ class Readyz(MethodView):
         except Exception as error:  # any storage failure makes us unready
             report["store_error"] = str(error)
             store_ok = False
-        ready = attestation.ok and store_ok
+        stopped = dict(svc.projections.stopped)
+        if stopped:
+            report["projections_stopped"] = stopped
+        ready = attestation.ok and store_ok and not stopped
         report["status"] = "ready" if ready else "unready"
         return report, 200 if ready else 503
 

@@ -53,6 +53,7 @@ from psycopg_pool import PoolTimeout
 from kandev_es.storage.breaker import means_node_lost, means_read_only
 from kandev_es.storage.counters import sequence_name
 from kandev_es.storage.event_sql import (
+    chain_column_statement,
     drop_old_insert_function,
     insert_function,
     upgrade_statement,
@@ -338,6 +339,7 @@ class KandevPostgresRecorder(PostgresApplicationRecorder):
             " WHERE originator_id = %s"
         ).format(table)
         self.sql_create_statements.append(upgrade_statement(table, self._table_sql))
+        self.sql_create_statements.append(chain_column_statement(table, self._table_sql))
         # One statement, one transaction per save instead of the library's
         # pipelined BEGIN, SET, LOCK, NOTIFY, INSERT, COMMIT: a function that
         # takes the streams' locks (sorted, so two saves never deadlock),
@@ -471,6 +473,18 @@ class KandevPostgresRecorder(PostgresApplicationRecorder):
             assert row is not None
             writing = list(row[0])
         return head
+
+    @_retry_once_after_pool_check
+    def first_unknown(self, after: int, upto: int, known: Sequence[str]) -> tuple[int, str] | None:
+        """The first notification in (after, upto] whose topic is not in ``known``."""
+        with _Pooled(self.datastore.pool) as conn:
+            row = _tuples(conn).execute(
+                f"SELECT notification_id, topic FROM {self._table_sql}"
+                " WHERE notification_id > %s AND notification_id <= %s"
+                " AND NOT topic = ANY(%s) ORDER BY notification_id LIMIT 1",
+                (after, upto, list(known)),
+            ).fetchone()
+        return None if row is None else (int(row[0]), str(row[1]))
 
     @_retry_once_after_pool_check
     def read_settled(self, after: int, limit: int, topics: Sequence[str] = ()) -> Settled:
