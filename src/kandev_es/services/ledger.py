@@ -15,6 +15,7 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -221,22 +222,27 @@ def _b64(value: bytes) -> str:
     return base64.b64encode(value).decode()
 
 
-def _proofs(tx: Any, wanted: list[tuple[int, int]], size: int) -> dict[int, list[bytes]]:
-    """Inclusion proofs of leaf indexes at ``size``, the nodes read in one
-    pass: a first run records which nodes the proofs need."""
+def _read_needed(tx: Any, make: Callable[[merkle.NodeSource], object]) -> merkle.NodeSource:
+    """The nodes ``make`` asks for, read in one query: a first run with
+    placeholder hashes records which (a proof's shape never depends on them)."""
     asked: set[tuple[int, int]] = set()
 
     def record(level: int, index: int) -> bytes:
         asked.add((level, index))
         return bytes(32)
 
-    for _, index in wanted:
-        merkle.inclusion_proof(record, index, size)
+    make(record)
     nodes = store.read_nodes(tx, asked)
-    return {
-        index: merkle.inclusion_proof(lambda lv, ix: nodes[(lv, ix)], index, size)
-        for _, index in wanted
-    }
+    return lambda level, index: nodes[(level, index)]
+
+
+def _proofs(tx: Any, wanted: list[tuple[int, int]], size: int) -> dict[int, list[bytes]]:
+    """Inclusion proofs of leaf indexes at ``size``, their nodes read at once."""
+
+    def all_proofs(source: merkle.NodeSource) -> dict[int, list[bytes]]:
+        return {index: merkle.inclusion_proof(source, index, size) for _, index in wanted}
+
+    return all_proofs(_read_needed(tx, all_proofs))
 
 
 def proof_bundle(
@@ -294,15 +300,12 @@ def consistency(database: Database, old_size: int, new_size: int | None) -> dict
             raise CheckpointNotFound("no signed checkpoint of that size")
         if not 0 < old_size <= new_size:
             raise InvalidCheckpointRange("from must be above 0 and at most to")
-        asked: set[tuple[int, int]] = set()
+        size = new_size
 
-        def record(level: int, index: int) -> bytes:
-            asked.add((level, index))
-            return bytes(32)
+        def make(source: merkle.NodeSource) -> list[bytes]:
+            return merkle.consistency_proof(source, old_size, size)
 
-        merkle.consistency_proof(record, old_size, new_size)
-        nodes = store.read_nodes(tx, asked)
-    proof = merkle.consistency_proof(lambda lv, ix: nodes[(lv, ix)], old_size, new_size)
+        proof = make(_read_needed(tx, make))
     return {"format": chains.CONSISTENCY_FORMAT, "old": old, "new": new,
             "proof": [_b64(p) for p in proof]}
 
