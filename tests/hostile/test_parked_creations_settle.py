@@ -123,6 +123,8 @@ def test_retry_after_repair_settles_the_parked_creation_with_nothing_left(
 
     nothing_left(repository, worktree)
     assert history_events(services, key).count("RecoveryRenewed") == 1
+    [renewed] = [e for e in services.app.events.get(key) if type(e).__name__ == "RecoveryRenewed"]
+    assert renewed.request_id == first.headers["X-Request-Id"]  # which request retried it
     redo = create(client, member[1], external_id="PARK-1", title="t", repositories=["backend"])
     assert redo.json["outcome"] == "created"  # the identity was free
     wrong = settle(client, workspace, key, "abort", operator[1], "fix-1")

@@ -215,7 +215,9 @@ class Identity(Aggregate):
             raise DomainRuleBroken("only an unfinished creation can be parked")
         self.trigger_event(self.Parked, tenure=tenure, reason=reason)
 
-    def renew_recovery(self, tenure: int, operation_id: str, *, actor: str) -> int:
+    def renew_recovery(
+        self, tenure: int, operation_id: str, *, actor: str, request_id: str | None = None
+    ) -> int:
         """An operator's retry of a parked creation (after a repair): a fresh
         series of takeovers. A new epoch fences whoever still acts on it."""
         current = self.tenure(tenure)
@@ -224,11 +226,13 @@ class Identity(Aggregate):
         epoch = current.epoch + 1
         self.trigger_event(
             self.RecoveryRenewed, tenure=tenure, epoch=epoch, operation_id=operation_id,
-            actor=actor, owner_id=f"operator:{operation_id}",
+            actor=actor, owner_id=f"operator:{operation_id}", request_id=request_id,
         )
         return epoch
 
-    def force_abort(self, tenure: int, operation_id: str, *, actor: str) -> int:
+    def force_abort(
+        self, tenure: int, operation_id: str, *, actor: str, request_id: str | None = None
+    ) -> int:
         """An operator's abort of a parked creation: from here its effects are
         removed, forcibly if need be, and it ends Aborted. Never once it is
         completing (AC-5: only Complete is allowed then). Returns the epoch
@@ -239,7 +243,7 @@ class Identity(Aggregate):
         epoch = current.epoch + 1
         self.trigger_event(
             self.AbortForced, tenure=tenure, epoch=epoch, operation_id=operation_id,
-            actor=actor, owner_id=f"operator:{operation_id}",
+            actor=actor, owner_id=f"operator:{operation_id}", request_id=request_id,
         )
         return epoch
 
@@ -399,6 +403,7 @@ class Identity(Aggregate):
         operation_id: str
         actor: str
         owner_id: str
+        request_id: str | None = None  # the operator's request (X-Request-Id), if any
 
         def apply(self, aggregate: Identity) -> None:
             tenure = aggregate.tenures[self.tenure]
@@ -414,6 +419,7 @@ class Identity(Aggregate):
         operation_id: str
         actor: str
         owner_id: str
+        request_id: str | None = None  # the operator's request (X-Request-Id), if any
 
         def apply(self, aggregate: Identity) -> None:
             tenure = aggregate.tenures[self.tenure]

@@ -29,6 +29,7 @@ from kandev_es.errors import (
     IdentityNotFound,
     OperationIdReused,
 )
+from kandev_es.observability import serving
 from kandev_es.projections.runner import ProjectionRunner
 from kandev_es.runtime.recovery import ABANDONED_REASON, expired_tenures
 from kandev_es.storage.database import Database
@@ -137,9 +138,15 @@ class ParkedCreations:
             identity, tenure = self._parked(workspace_id, identity_id, number)
             try:
                 if action == RETRY:
-                    identity.renew_recovery(tenure.number, operation_id, actor=actor)
+                    identity.renew_recovery(
+                        tenure.number, operation_id, actor=actor,
+                        request_id=serving.current_request_id(),
+                    )
                 else:
-                    identity.force_abort(tenure.number, operation_id, actor=actor)
+                    identity.force_abort(
+                        tenure.number, operation_id, actor=actor,
+                        request_id=serving.current_request_id(),
+                    )
             except DomainRuleBroken as refused:
                 raise CreationNotParked(str(refused), phase=tenure.phase) from None
             operation = SettleOperation.record(

@@ -105,7 +105,7 @@ def _describe(entry: dict[str, Any]) -> str:
         action = "RETRY (a fresh series of takeovers)" if kind == "RecoveryRenewed" else "ABORT"
         return (
             f"operator {action}, operation {entry['operation_id']}, by {entry['actor']},"
-            f" epoch {entry['epoch']}"
+            f" epoch {entry['epoch']}{_request(entry)}"
         )
     if kind == "Completing":
         return "completing (all required steps proven)"
