@@ -15,6 +15,7 @@ from marshmallow import Schema, fields
 
 from kandev_es.api.context import path_uuid, principal, services
 from kandev_es.api.errors import document_errors
+from kandev_es.api.resources import CreationStepSchema
 from kandev_es.domain.principal import require_operator
 from kandev_es.errors import BadRequest, IdentityNotFound
 from kandev_es.runtime.settle import SettleResult
@@ -39,12 +40,6 @@ TENURE = {
 }
 
 
-class ParkedStepSchema(Schema):
-    name = fields.String(required=True)
-    status = fields.String(required=True)
-    evidence = fields.Dict(required=True)
-
-
 class ParkedCreationSchema(Schema):
     identity_id = fields.UUID(required=True)
     tenure = fields.Integer(required=True)
@@ -56,7 +51,7 @@ class ParkedCreationSchema(Schema):
     takeovers = fields.Integer(required=True, metadata={"description": "in the current series"})
     reason = fields.String(required=True, metadata={"description": "why it was parked"})
     abort_reason = fields.String(allow_none=True, required=True)
-    steps = fields.List(fields.Nested(ParkedStepSchema), required=True)
+    steps = fields.List(fields.Nested(CreationStepSchema), required=True)
 
 
 class ParkedListSchema(Schema):
@@ -93,8 +88,8 @@ def _settle(action: str, workspace_id: str, identity_id: str) -> Any:
     raw = request.args.get("tenure")
     if raw is not None and (not raw.isdigit() or not 1 <= int(raw) <= 2**31):
         raise BadRequest("tenure must be a positive integer", field="tenure")
-    settle = getattr(services().parked(), action)
-    result: SettleResult = settle(
+    result: SettleResult = services().parked().settle(
+        action,
         workspace,
         path_uuid(identity_id, "identity id"),
         request.headers.get("Idempotency-Key"),
