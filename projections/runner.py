@@ -78,6 +78,9 @@ class ProjectionRunner:
         self._inline_written = 0.0  # when inline positions were last written
         self._inline_due = False  # an inline position moved and is not written yet
         self._inline_position = 0  # the position last written for them
+        notifier = getattr(app.recorder, "notifier", None)
+        if notifier is not None and self.asynchronous():
+            notifier.enabled = True  # this loop applies events: saves wake it
         # Tracking name -> why it stopped: an event of a topic this version
         # does not know (a newer writer's). /readyz reports it.
         self.stopped: dict[str, str] = {}

@@ -50,9 +50,24 @@ def lag_once(
     status, reply = client.request("POST", "/api/v1/tasks", body(workspace, label))
     acked = time.perf_counter()
     assert status == 200 and reply.get("outcome") == "created", (status, reply)
-    status, listed = client.request(
-        "GET", f"/api/v1/workspaces/{workspace}/tasks?external_id={label}")
-    found = status == 200 and [t["id"] for t in listed["items"]] == [reply["id"]]
+    # The list goes out at once on a connection of its own, beside the feed's
+    # first poll, so neither waits for the other's answer.
+    listed: dict[str, Any] = {}
+    lister = threading.Thread(target=lambda: listed.update(
+        answer=Client(client.port, client.token).request(
+            "GET", f"/api/v1/workspaces/{workspace}/tasks?external_id={label}")))
+    lister.start()
+    lag = _feed_lag(client, workspace, reply["id"], cursor, acked)
+    lister.join(WAIT_S)
+    status, page = listed.get("answer", (0, None))
+    found = status == 200 and [t["id"] for t in page["items"]] == [reply["id"]]
+    return lag, found
+
+
+def _feed_lag(
+    client: Client, workspace: uuid.UUID, task_id: str, cursor: FeedCursor, acked: float
+) -> float | None:
+    """ms from ``acked`` until the task's task.created is in the feed over HTTP."""
     deadline = acked + LAG_BOUND_S
     after = cursor.after
     while time.perf_counter() < deadline:
@@ -60,15 +75,13 @@ def lag_once(
             "GET", f"/api/v1/workspaces/{workspace}/events?after={after}&limit=1000")
         assert status == 200, (status, page)
         for item in page["items"]:
-            if item["subject"] == reply["id"] and item["type"] == "task.created":
+            if item["subject"] == task_id and item["type"] == "task.created":
                 cursor.after = after
-                return (time.perf_counter() - acked) * 1000, found
-        if page["has_more"]:
-            after = page["next_cursor"]
-            continue
+                return (time.perf_counter() - acked) * 1000
         after = page["next_cursor"]
-        time.sleep(LAG_POLL_S)
-    return None, found
+        if not page["has_more"]:
+            time.sleep(LAG_POLL_S)
+    return None
 
 
 def lag_summary(lags: list[float], missing: int, unlisted: int = 0) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from kandev_es.services.attachments import AttachmentService
 from kandev_es.services.audit_links import AuditLinkService
 from kandev_es.services.auth import TokenService
 from kandev_es.services.creations import CreationStatusService
+from kandev_es.services.ledger import Sequencer, load_signer
 from kandev_es.services.release import ReleaseService
 from kandev_es.services.repositories import RepositoryService
 from kandev_es.services.tasks import TaskService
@@ -63,6 +64,8 @@ class Services:
     release: ReleaseService
     workspace_deletion: WorkspaceDeletionService
     audit_links: AuditLinkService
+    # The tamper-evident history's sequencer (services/ledger.py; docs/auditing.md).
+    ledger: Sequencer
 
     def parked(self) -> ParkedCreations:
         """Operators' view and settling of the creations the Runtime parked."""
@@ -85,6 +88,7 @@ class Services:
         )
 
     def close(self) -> None:
+        self.ledger.stop()
         self.projections.stop()
         self.database.close()
         self.app.close()
@@ -188,6 +192,7 @@ def _set_up(settings: Settings) -> Durability | None:
             app.close()
     finally:
         database.close()
+    load_signer(settings, create=True)  # the checkpoint key, made at first start (mode 0600)
     return found
 
 
@@ -250,4 +255,5 @@ def bootstrap(settings: Settings) -> Services:
             app, database, projections, settings, driver
         ),
         audit_links=AuditLinkService(app, settings.audit_link_seconds),
+        ledger=Sequencer(app, database, settings),
     )

@@ -13,6 +13,7 @@ import click
 from kandev_es import __version__
 from kandev_es.bootstrap import bootstrap, init_storage, store_exists
 from kandev_es.cli_agentctl import register as register_agentctl
+from kandev_es.cli_ledger import backfill_ledger
 from kandev_es.cli_numbers import register as register_numbers
 from kandev_es.cli_ops import register as register_ops
 from kandev_es.cli_parked import register as register_parked
@@ -97,6 +98,7 @@ def db_init() -> None:
     click.echo(f"initialised {settings.backend}: {settings.location}")
     if found is not None:  # PostgreSQL: would a commit survive losing this primary?
         click.echo(found.describe())
+    click.echo(backfill_ledger())  # chains and the Merkle log for every event already stored
 
 
 @main.group()

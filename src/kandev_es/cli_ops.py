@@ -4,6 +4,7 @@ history`` and ``audit verify``. Registered on the ``kandev-es`` group by cli.py.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import click
@@ -94,8 +95,12 @@ def projections_rebuild(names: tuple[str, ...], batch_size: int) -> None:
     show_default=True,
     help="also print a short-lived link to the auditor's page (not with --json)",
 )
+@click.option("--proof", is_flag=True,
+              help="print the proof bundle (events, chain, inclusion proofs; kandev-es-verify)")
 @store_options
-def identity_history_command(workspace: str, external_id: str, as_json: bool, link: bool) -> None:
+def identity_history_command(
+    workspace: str, external_id: str, as_json: bool, link: bool, proof: bool
+) -> None:
     """Print an identity's whole stream across tenures as a timeline.
 
     Then a link to the auditor's HTML page of this identity, at KANDEV_PUBLIC_URL:
@@ -109,6 +114,12 @@ def identity_history_command(workspace: str, external_id: str, as_json: bool, li
         normalized = normalize_external_id(external_id)
         if normalized is None:
             raise click.BadParameter("must not be empty", param_hint="--external-id")
+        if proof:
+            from kandev_es.services.ledger import proof_bundle
+
+            bundle = proof_bundle(services.app, services.database, target, normalized)
+            click.echo(json.dumps(bundle, indent=2))
+            return
         history = identity_history(services.app, target, normalized, full=True)  # the host's own
         if as_json:
             click.echo(json.dumps(history, indent=2))
@@ -130,13 +141,28 @@ def identity_history_command(workspace: str, external_id: str, as_json: bool, li
     "verify", short_help="Replay Task streams against tasks_view (exit 1 on disagreement)."
 )
 @click.option("--json", "as_json", is_flag=True, help="print the report as JSON")
+@click.option("--ledger", is_flag=True,
+              help="instead: recompute every chain and the Merkle log (tamper evidence)")
+@click.option("--checkpoint", type=click.Path(dir_okay=False, path_type=Path),
+              help="with --ledger: a signed checkpoint kept outside the database")
+@click.option("--keyring", type=click.Path(dir_okay=False, path_type=Path),
+              help="with --ledger: the public keys (default: the server's own key file)")
 @store_options
-def audit_verify(as_json: bool) -> None:
-    """Replay every Task stream and compare with tasks_view; exit 1 on any disagreement."""
+def audit_verify(
+    as_json: bool, ledger: bool, checkpoint: Path | None, keyring: Path | None
+) -> None:
+    """Replay every Task stream and compare with tasks_view; exit 1 on any disagreement.
+    With --ledger, check the tamper-evident history instead (docs/auditing.md)."""
     from kandev_es.services.audit import verify_tasks
 
     services = open_store()
     try:
+        if ledger:
+            from kandev_es.cli_ledger import verify_ledger_command
+
+            if not verify_ledger_command(services, checkpoint, keyring, as_json):
+                raise SystemExit(1)
+            return
         report = verify_tasks(services.app, services.database)
     except KandevError as error:
         raise click.ClickException(error.message) from None
@@ -161,7 +187,10 @@ def register(main: click.Group, projections: click.Group) -> None:
     projections.add_command(projections_rebuild)
     identity = click.Group("identity", help="Identity streams (auditors).")
     identity.add_command(identity_history_command)
-    audit = click.Group("audit", help="Read-model audits.")
+    audit = click.Group("audit", help="Read-model audits and tamper-evident history.")
     audit.add_command(audit_verify)
+    from kandev_es.cli_ledger import register as register_ledger
+
+    register_ledger(audit)  # audit checkpoint, keyring, consistency
     main.add_command(identity)
     main.add_command(audit)

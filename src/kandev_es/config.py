@@ -95,6 +95,14 @@ class Settings:
     # run, and per workspace (docs/security.md: Agent fan-out).
     max_agents_per_run: int = 4
     max_run_agents_per_workspace: int = 16
+    # Tamper-evident history (docs/auditing.md): the sequencer signs a checkpoint
+    # once this many seconds passed or this many events were added since the last.
+    ledger_checkpoint_seconds: float = 2.0
+    ledger_checkpoint_events: int = 1000
+    # The checkpoint signing key (made at first start, mode 0600; None: the data
+    # dir's ledger.key) and the log's origin line, used when the key is made.
+    ledger_key_file: Path | None = None
+    ledger_origin: str = "kandev-es.local/log"
     # The interactive API page at /api/docs (api/api_docs.py); off: 404 there.
     api_docs: bool = True
 
@@ -106,6 +114,10 @@ class Settings:
     def allowed_repository_roots(self) -> tuple[Path, ...]:
         roots = self.repository_roots or (self.data_dir / "repos",)
         return tuple(root.expanduser().resolve() for root in roots)
+
+    @property
+    def ledger_key_path(self) -> Path:
+        return self.ledger_key_file or self.data_dir / "ledger.key"
 
     @property
     def sqlite_path(self) -> Path:
@@ -325,6 +337,7 @@ INT_SETTINGS: dict[str, tuple[int, int]] = {
     "KANDEV_MAX_RUN_AGENTS_PER_WORKSPACE": (0, 10_000),
     "KANDEV_STEP_ATTEMPTS": (1, 1_000),
     "KANDEV_RECOVERY_ATTEMPTS": (1, 1_000),
+    "KANDEV_LEDGER_CHECKPOINT_EVENTS": (1, 10_000_000),
 }
 SECONDS_SETTINGS: dict[str, tuple[float, float, bool]] = {
     "KANDEV_HEADER_TIMEOUT": (0, DAY, True),
@@ -337,6 +350,7 @@ SECONDS_SETTINGS: dict[str, tuple[float, float, bool]] = {
     "KANDEV_RECOVERY_BACKOFF_SECONDS": (0, DAY, False),
     # 0: a link that is expired at once (tests use it).
     "KANDEV_AUDIT_LINK_SECONDS": (0, YEAR, False),
+    "KANDEV_LEDGER_CHECKPOINT_SECONDS": (0, DAY, True),
 }
 
 
@@ -373,6 +387,17 @@ def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
         bounds = f"{'(' if low_excluded else '['}{low}, {high}]"
         raise InvalidSetting(f"{name} must be seconds in {bounds}, got {_shown(raw)}")
     return value
+
+
+def _ledger_settings(env: Mapping[str, str]) -> dict[str, Any]:
+    """The tamper-evident history's settings (docs/auditing.md)."""
+    key_file = env.get("KANDEV_LEDGER_KEY_FILE")
+    return {
+        "ledger_checkpoint_seconds": _seconds(env, "KANDEV_LEDGER_CHECKPOINT_SECONDS", 2.0),
+        "ledger_checkpoint_events": _int(env, "KANDEV_LEDGER_CHECKPOINT_EVENTS", 1000),
+        "ledger_key_file": Path(key_file) if key_file else None,
+        "ledger_origin": env.get("KANDEV_LEDGER_ORIGIN") or Settings.ledger_origin,
+    }
 
 
 def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
@@ -423,6 +448,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         audit_link_seconds=_seconds(env, "KANDEV_AUDIT_LINK_SECONDS", 900.0),
         max_agents_per_run=_int(env, "KANDEV_MAX_AGENTS_PER_RUN", 4),
         max_run_agents_per_workspace=_int(env, "KANDEV_MAX_RUN_AGENTS_PER_WORKSPACE", 16),
+        **_ledger_settings(env),
         api_docs=_flag(env.get("KANDEV_API_DOCS"), True),
         agent_env=tuple(
             name.strip() for name in (env.get("KANDEV_AGENT_ENV") or "").split(",") if name.strip()

@@ -95,6 +95,12 @@ class NotRebuildable(BadRequest):
     code = "projection_not_rebuildable"
 
 
+class InvalidCheckpointRange(BadRequest):
+    """A consistency proof asked between sizes that are not 0 < from <= to."""
+
+    code = "invalid_checkpoint_range"
+
+
 class ValidationFailed(KandevError):
     """Request-specific validation (title, workflow, references) failed."""
 
@@ -196,6 +202,13 @@ class IdentityNotFound(NotFound):
 
     def to_dict(self) -> dict[str, Any]:
         return {"error": "identity not found"}
+
+
+class CheckpointNotFound(NotFound):
+    """No signed checkpoint of that size (or none yet: the ledger's sequencer
+    has not caught up; docs/auditing.md)."""
+
+    code = "checkpoint_not_found"
 
 
 class CreationNotFound(NotFound):

@@ -26,6 +26,8 @@ from kandev_es.errors import (
     PayloadTooLarge,
     RequestLineTooLong,
 )
+from kandev_es.observability.serving import HEADER as REQUEST_ID_HEADER
+from kandev_es.observability.serving import new_request_id
 
 # waitress' bound on the request line and headers together.
 HEAD_BYTES = 262_144
@@ -102,9 +104,12 @@ class JsonErrorTask(ErrorTask):  # type: ignore[misc]
         else:
             known = KandevError(str(error.body))
             known.code = str(error.reason).lower().replace(" ", "_")
-        body = json.dumps(known.to_dict()).encode()
+        # Refused before the app saw it: an id of its own, as every answer has.
+        request_id = new_request_id()
+        body = json.dumps({**known.to_dict(), "request_id": request_id}).encode()
         self.status = f"{error.code} {error.reason}"
         self.response_headers.append(("Content-Type", "application/json"))
+        self.response_headers.append((REQUEST_ID_HEADER, request_id))
         self.set_close_on_finish()
         self.channel.refused = True  # it lingers before closing (http_worker.TimedChannel)
         self.content_length = len(body)

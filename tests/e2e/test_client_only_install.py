@@ -1,17 +1,23 @@
 """The client-only install: ``pip install ./clients/python`` into a fresh venv
 without site packages brings httpx and the client, not the server (no flask,
 gunicorn, mcp, eventsourcing, kandev_es), and that client creates and retries a
-task against a real served process. One version for the client, the server, the
-package metadata and the changelog."""
+task against a real served process, and its ``kandev-es-verify`` checks that
+task's identity proof bundle with the public key alone, the server stopped (docs/auditing.md).
+One version for the client, the server, the package metadata and the changelog."""
 
 from __future__ import annotations
 
+import base64
+import json
 import re
 import shutil
 import subprocess
+import time
 import venv
 from importlib.metadata import version
 from pathlib import Path
+
+import httpx
 
 from kandev_es.config import Settings
 from tests.support.served import ServedProcess
@@ -43,7 +49,8 @@ def test_the_client_installs_alone_and_creates_against_a_served_process(tmp_path
         capture_output=True, text=True, timeout=600,
     )
     assert installed.returncode == 0, installed.stderr
-    server = ServedProcess(Settings(data_dir=tmp_path / "data"), tmp_path)
+    settings = Settings(data_dir=tmp_path / "data")
+    server = ServedProcess(settings, tmp_path)
     try:
         done = subprocess.run(
             [str(python), "-c", CLIENT_ONLY],
@@ -51,10 +58,47 @@ def test_the_client_installs_alone_and_creates_against_a_served_process(tmp_path
                  "PATH": str(env_dir / "bin")},
             capture_output=True, text=True, timeout=120,
         )
+        bundle = _covered_bundle(server)
     finally:
         server.stop()
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["created", "found_settled", "True"]
+    _verified_offline(env_dir, tmp_path, settings, bundle)
+
+
+def _covered_bundle(server: ServedProcess) -> dict:
+    """CLIENT-1's proof bundle once a checkpoint covers all of its events (the
+    served process's sequencer signs one every KANDEV_LEDGER_CHECKPOINT_SECONDS)."""
+    deadline = time.monotonic() + 30
+    while True:
+        answer = httpx.get(
+            f"{server.base}/api/v1/workspaces/{server.workspace_id}/identities/history",
+            params={"external_id": "CLIENT-1", "proof": "1"},
+            headers={"Authorization": f"Bearer {server.token}"}, timeout=10,
+        )
+        bundle = answer.json().get("proof") if answer.status_code == 200 else None
+        size = int(bundle["checkpoint"].split("\n")[1]) if bundle else 0
+        if bundle and all((e["leaf_index"] or size) < size for e in bundle["events"]):
+            return bundle
+        assert time.monotonic() < deadline, answer.text
+        time.sleep(0.2)
+
+
+def _verified_offline(env_dir: Path, tmp_path: Path, settings: Settings, bundle: dict) -> None:
+    """The client-only venv's kandev-es-verify checks the bundle with the public
+    key alone, the server stopped; a changed event fails, named by its version."""
+    from kandev_es.services.ledger import keyring_of, load_signer
+
+    (tmp_path / "keyring.json").write_text(keyring_of(load_signer(settings)).to_json())
+    verify = [str(env_dir / "bin" / "kandev-es-verify"), "bundle", str(tmp_path / "b.json"),
+              "--keyring", str(tmp_path / "keyring.json")]
+    (tmp_path / "b.json").write_text(json.dumps(bundle))
+    ok = subprocess.run(verify, capture_output=True, text=True, timeout=60, env={})
+    assert ok.returncode == 0 and ok.stdout.splitlines()[-1] == "OK", ok.stdout + ok.stderr
+    bundle["events"][1]["state"] = base64.b64encode(b"{}").decode()
+    (tmp_path / "b.json").write_text(json.dumps(bundle))
+    bad = subprocess.run(verify, capture_output=True, text=True, timeout=60, env={})
+    assert bad.returncode == 1 and "v2 " in bad.stdout and "failed" in bad.stdout, bad.stdout
 
 
 def test_one_version_for_client_server_metadata_and_changelog():

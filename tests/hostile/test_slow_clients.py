@@ -293,6 +293,8 @@ def test_a_chunked_body_over_the_limit_is_413_and_nothing_of_it_is_processed(ser
     reply2 = http("POST", server.base + "/api/v1/tasks", server.token, raw=body,
                   headers={"Content-Type": "application/json"})
     assert (reply2.status, reply2.body["error"]) == (413, "payload_too_large"), reply2.body
+    # Refused by the HTTP front, before the app: still an answer with its id.
+    assert reply2.body["request_id"] == reply2.headers["X-Request-Id"], reply2
     assert not task_exists(server, "CHUNK-BIG")
 
 

@@ -110,14 +110,16 @@ def test_db_init_prints_backend_and_location_without_secrets(settings):
         from urllib.parse import urlsplit
 
         # The suite's single server has no standby: the second line says so.
-        assert len(lines) == 2 and lines[1].startswith("NOT durable (")
+        assert len(lines) == 3 and lines[1].startswith("NOT durable (")
 
         password = urlsplit(settings.database_url).password
         assert line.startswith("initialised postgres: postgresql://")
         assert password is None or password not in result.stdout + result.stderr
         assert urlsplit(settings.database_url).hostname in line
     else:
-        assert lines == [f"initialised sqlite: {settings.sqlite_path.resolve()}"]
+        assert lines[:-1] == [f"initialised sqlite: {settings.sqlite_path.resolve()}"]
+    # Every event already stored is logged and a checkpoint signed (docs/auditing.md).
+    assert lines[-1] == "ledger: 0 events in the log, checkpoint signed"
 
 
 def test_commands_are_quiet_unless_asked(settings):

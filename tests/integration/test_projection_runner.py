@@ -57,23 +57,24 @@ def _wait_until(predicate, seconds: float) -> bool:
 
 def test_background_runner_catches_up_by_itself(client, services, member):
     _, secret = member
-    thread = services.projections.start_thread(poll_seconds=0.05)
+    runner = _loop_runner(services)
+    thread = runner.start_thread(poll_seconds=0.05)
     try:
         for i in range(5):
             create(client, secret, external_id=f"B-{i}", title=f"t{i}")
-        assert _wait_until(lambda: len(_feed_rows(services)) == 5, 10)
-        assert _wait_until(lambda: set(services.projections.lag().values()) == {0}, 10)
+        assert _wait_until(lambda: len(_feed_rows(services, "feed_events_next")) == 5, 10)
+        assert _wait_until(lambda: set(runner.lag().values()) == {0}, 10)
     finally:
-        services.projections.stop()
+        runner.stop()
         thread.join(5)
     expected = PostgresListener if services.database.backend == "postgres" else PollWaker
-    assert isinstance(services.projections.waker, expected)
+    assert isinstance(runner.waker, expected)
 
 
 @pytest.mark.postgres_only
 def test_killed_listen_connection_loses_and_duplicates_nothing(client, services, member):
     _, secret = member
-    runner = services.projections
+    runner = _loop_runner(services)
     # A poll this long means only NOTIFY (or a reconnect pass) can wake the
     # runner within the test's deadlines.
     thread = runner.start_thread(poll_seconds=60)
@@ -103,16 +104,16 @@ def test_killed_listen_connection_loses_and_duplicates_nothing(client, services,
         writer.join(60)
         assert len(kills) == 4
         assert len(created) == 40
-        assert _wait_until(lambda: len(_feed_rows(services)) == 40, 20)
+        assert _wait_until(lambda: len(_feed_rows(services, "feed_events_next")) == 40, 20)
         assert runner.waker.connects == 5
 
         # After the reconnects a NOTIFY still wakes the runner promptly.
         late = create(client, secret, external_id="K-late", title="late").json
-        assert _wait_until(lambda: len(_feed_rows(services)) == 41, 5)
+        assert _wait_until(lambda: len(_feed_rows(services, "feed_events_next")) == 41, 5)
     finally:
         runner.stop()
         thread.join(5)
-    rows = _feed_rows(services)
+    rows = _feed_rows(services, "feed_events_next")
     assert [str(subject) for _, _, subject in rows] == [*created, late["id"]]
     assert len({event_id for _, event_id, _ in rows}) == len(rows) == 41
     assert [position for position, _, _ in rows] == _activated_positions(services)

@@ -181,6 +181,10 @@ def test_db_init_keeps_every_event_and_projection_position(old_store):
     assert old_store.events() == events  # ids, versions, topics, state bytes, notification ids
     assert old_store.tracking() == tracking == old_store.manifest["projection_tracking"]
     assert old_store.feed() == feed
+    # The old events were logged by db init (chains and the Merkle log) and verify clean.
+    verified = run_cli(old_store.settings, "audit", "verify", "--ledger")
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert f"ledger: {sum(len(rows) for rows in events.values())} events" in verified.stdout
 
 
 def test_a_second_db_init_changes_nothing(old_store):

@@ -25,12 +25,12 @@ OUTSIDE = {
 
 STATUS = {
     400: "BadRequest MalformedJson MalformedQuery InvalidExternalId ExternalIdImmutable"
-    " InvalidCursor MissingOperationId UnknownProjection NotRebuildable",
+    " InvalidCursor MissingOperationId UnknownProjection NotRebuildable InvalidCheckpointRange",
     401: "Unauthenticated",
     403: "OperatorRequired",
     405: "MethodNotAllowed",
     404: "NotFound TaskNotCreated WorkspaceDeleted TaskNotFound WorkspaceNotFound TokenNotFound"
-    " IdentityNotFound CreationNotFound",
+    " IdentityNotFound CreationNotFound CheckpointNotFound",
     409: "Conflict WorkspaceExists ReleaseConflict CreationInProgress BranchTaken CapacityExceeded"
     " AttachmentClaimed CreationNotParked",
     412: "RevisionMismatch",

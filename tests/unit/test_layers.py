@@ -32,8 +32,8 @@ LAYERS: tuple[tuple[tuple[str, ...], ...], ...] = (
     # through api/ (which would build the whole Flask app): the two never import
     # each other.
     (("api",), ("agentctl",), ("client",), ("mcp",)),
-    (("cli", "cli_ops", "cli_parked", "cli_agentctl", "cli_tasks", "cli_numbers", "cli_usage",
-      "server", "http_worker", "http_limits"),),
+    (("cli", "cli_ops", "cli_parked", "cli_agentctl", "cli_ledger", "cli_tasks", "cli_numbers",
+      "cli_usage", "server", "http_worker", "http_limits"),),
 )
 
 

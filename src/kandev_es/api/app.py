@@ -63,6 +63,7 @@ def create_app(
     app.after_request(_no_store)
     if run_projections:
         services.projections.start_thread(settings.projection_poll_seconds)
+        services.ledger.start_thread()  # one sequencer per database leads (services/ledger.py)
         if settings.runtime_in_process:
             _start_runtime(services)
     return app

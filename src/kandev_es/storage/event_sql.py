@@ -4,6 +4,7 @@ Ordering without a global lock)."""
 
 from __future__ import annotations
 
+from kandev_es_client.ledger import CHAIN_TAG, GENESIS
 from psycopg.sql import SQL, Composable, Composed, Literal
 
 
@@ -66,6 +67,7 @@ def insert_function(function: Composable, table: Composable, apply_views: Compos
         " guard_ids uuid[], guard_versions bigint[], views jsonb DEFAULT NULL)"
         " RETURNS SETOF bigint LANGUAGE plpgsql AS $BODY$"
         " DECLARE key bigint; exclusive boolean; positions bigint[];"
+        " hashes bytea[] := '{{}}'; previous bytea; found_here boolean := false;"
         " BEGIN"
         "  IF current_setting('transaction_isolation') <> 'read committed' THEN"
         "   RAISE EXCEPTION 'kandev_insert_events needs READ COMMITTED, not %',"
@@ -82,13 +84,55 @@ def insert_function(function: Composable, table: Composable, apply_views: Compos
         "   IF EXISTS (SELECT 1 FROM {table} WHERE originator_id = guard_ids[i]"
         "    AND originator_version > guard_versions[i]) THEN RETURN; END IF;"
         "  END LOOP;"
+        "{chain_loop}"
         "  WITH inserted AS (INSERT INTO {table}"
-        "   (originator_id, originator_version, topic, state)"
-        "   SELECT * FROM unnest(ids, versions, topics, states)"
+        "   (originator_id, originator_version, topic, state, chain_hash)"
+        "   SELECT * FROM unnest(ids, versions, topics, states, hashes)"
         "   RETURNING notification_id)"
         "  SELECT array_agg(notification_id ORDER BY notification_id) INTO positions"
         "   FROM inserted;"  # one statement draws its ids in row order
         "  IF views IS NOT NULL THEN PERFORM {apply_views}(views, positions); END IF;"
         "  RETURN QUERY SELECT unnest(positions);"
         " END $BODY$"
-    ).format(function=function, table=table, apply_views=apply_views)
+    ).format(
+        function=function, table=table, apply_views=apply_views, chain_loop=_chain_loop(table),
+    )
+
+
+def _chain_loop(table: Composable) -> Composed:
+    """Each event's chain hash, into ``hashes`` (kandev_es_client.ledger.chain_hash,
+    the same bytes): its stream's previous hash is earlier in this save or the
+    stream's stored row, which the stream's lock keeps still. An old row without
+    a hash (before db init's backfill) leaves NULL."""
+    return SQL(
+        "  FOR i IN 1 .. coalesce(array_length(ids, 1), 0) LOOP"
+        "   previous := NULL;"
+        "   IF versions[i] = 1 THEN previous := {genesis};"
+        "   ELSE"
+        "    FOR j IN REVERSE i - 1 .. 1 LOOP"
+        "     IF ids[j] = ids[i] AND versions[j] = versions[i] - 1 THEN"
+        "      previous := hashes[j]; found_here := true; EXIT; END IF;"
+        "    END LOOP;"
+        "    IF NOT found_here THEN SELECT chain_hash INTO previous FROM {table}"
+        "     WHERE originator_id = ids[i] AND originator_version = versions[i] - 1; END IF;"
+        "   END IF;"
+        "   found_here := false;"
+        "   hashes[i] := sha256({tag} || uuid_send(ids[i]) || int8send(versions[i]) || previous"
+        "    || int4send(octet_length(convert_to(topics[i], 'UTF8')))"
+        "    || convert_to(topics[i], 'UTF8') || states[i]);"
+        "  END LOOP;"
+    ).format(table=table, tag=Literal(CHAIN_TAG), genesis=Literal(GENESIS))
+
+
+def chain_column_statement(table: Composable, table_sql: str) -> Composed:
+    """Adds the events' ``chain_hash`` column (docs/auditing.md), checked
+    against the catalog first so a second ``db init`` takes no lock. Rows
+    stored before it are filled by db init's backfill (services/ledger.py)."""
+    return SQL(
+        "DO $CHAIN$ BEGIN"
+        " IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = {name}::regclass"
+        "  AND attname = 'chain_hash' AND NOT attisdropped) THEN"
+        "  ALTER TABLE {table} ADD COLUMN chain_hash bytea;"
+        " END IF;"
+        " END $CHAIN$"
+    ).format(name=Literal(table_sql), table=table)

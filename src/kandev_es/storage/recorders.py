@@ -53,6 +53,7 @@ from psycopg_pool import PoolTimeout
 from kandev_es.storage.breaker import means_node_lost, means_read_only
 from kandev_es.storage.counters import sequence_name
 from kandev_es.storage.event_sql import (
+    chain_column_statement,
     drop_old_insert_function,
     insert_function,
     upgrade_statement,
@@ -338,6 +339,7 @@ class KandevPostgresRecorder(PostgresApplicationRecorder):
             " WHERE originator_id = %s"
         ).format(table)
         self.sql_create_statements.append(upgrade_statement(table, self._table_sql))
+        self.sql_create_statements.append(chain_column_statement(table, self._table_sql))
         # One statement, one transaction per save instead of the library's
         # pipelined BEGIN, SET, LOCK, NOTIFY, INSERT, COMMIT: a function that
         # takes the streams' locks (sorted, so two saves never deadlock),

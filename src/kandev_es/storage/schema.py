@@ -4,6 +4,7 @@ the office identifier counters. Created once by ``kandev-es db init``."""
 from __future__ import annotations
 
 from kandev_es.storage.database import Database
+from kandev_es.storage.ledger import ledger_ddl
 
 # Each read model written inline (in the saves' transactions) and the position
 # from which it was: the events at or below it were applied by the projection
@@ -75,7 +76,8 @@ EXTERNAL_ID_TABLES = ("identities_view", "tasks_view")
 
 
 def create_tables(database: Database) -> None:
-    ddl = POSTGRES_DDL if database.backend == "postgres" else SQLITE_DDL
+    ddl: tuple[str, ...] = POSTGRES_DDL if database.backend == "postgres" else SQLITE_DDL
+    ddl += ledger_ddl(database.backend)  # the tamper-evident history's tables
     with database.transaction() as tx:
         for statement in ddl:
             tx.execute(statement)

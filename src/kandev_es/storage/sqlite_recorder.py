@@ -13,6 +13,7 @@ from typing import Any
 
 from eventsourcing.persistence import StoredEvent
 from eventsourcing.sqlite import SQLiteApplicationRecorder
+from kandev_es_client.ledger import GENESIS, chain_hash
 
 from kandev_es.storage.settled import Settled
 from kandev_es.storage.streams import Since, StreamsAdvanced, Versions
@@ -20,6 +21,15 @@ from kandev_es.storage.view_writes import ViewRows, apply_sqlite
 
 
 class KandevSQLiteRecorder(SQLiteApplicationRecorder):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Named columns: the library's VALUES (?,?,?,?) fails once the table
+        # has its chain_hash column (the save fills it: ``_chain``).
+        self.insert_events_statement = (
+            f"INSERT INTO {self.events_table_name}"
+            " (originator_id, originator_version, topic, state) VALUES (?,?,?,?)"
+        )
+
     def next_office_number(self, workspace_id: uuid.UUID) -> int:
         with self.datastore.transaction(commit=True) as c:
             c.execute(
@@ -99,10 +109,56 @@ class KandevSQLiteRecorder(SQLiteApplicationRecorder):
                 )
                 if c.fetchone() is not None:
                     raise StreamsAdvanced("a stream this save depends on has moved on")
+        self._chain(c, stored_events)
         views: ViewRows | None = kwargs.get("views")
         if views:  # the inline projections' rows, in this transaction
             apply_sqlite(c, views, list(ids or ()))
         return ids
+
+
+    def create_table(self) -> None:
+        super().create_table()
+        with self.datastore.transaction(commit=True) as c:
+            if not self._has_chain_column(c):
+                c.execute(f"ALTER TABLE {self.events_table_name} ADD COLUMN chain_hash BLOB")
+                self._chain_column = True
+
+    _chain_column: bool | None = None
+
+    def _has_chain_column(self, c: Any) -> bool:
+        if self._chain_column is None:
+            c.execute(f"PRAGMA table_info({self.events_table_name})")
+            self._chain_column = any(row[1] == "chain_hash" for row in c.fetchall())
+        return self._chain_column
+
+    def _chain(self, c: Any, stored_events: Sequence[StoredEvent]) -> None:
+        """Each event's chain hash (docs/auditing.md), in the save's
+        transaction: the single writer holds the lock, so a stream's previous
+        row is still. An old row without a hash leaves the stream's new ones NULL."""
+        if not self._has_chain_column(c):
+            return  # a store db init has not upgraded yet
+        made: dict[tuple[uuid.UUID, int], bytes | None] = {}
+        rows = []
+        for event in stored_events:
+            key, version = uuid.UUID(str(event.originator_id)), event.originator_version
+            previous: bytes | None = GENESIS if version == 1 else made.get((key, version - 1))
+            if previous is None and version > 1 and (key, version - 1) not in made:
+                c.execute(
+                    f"SELECT chain_hash FROM {self.events_table_name}"
+                    " WHERE originator_id = ? AND originator_version = ?",
+                    (key.hex, version - 1),
+                )
+                row = c.fetchone()
+                previous = None if row is None or row[0] is None else bytes(row[0])
+            value = (None if previous is None
+                     else chain_hash(key, version, previous, event.topic, event.state))
+            made[(key, version)] = value
+            rows.append((value, key.hex, version))
+        c.executemany(
+            f"UPDATE {self.events_table_name} SET chain_hash = ?"
+            " WHERE originator_id = ? AND originator_version = ?",
+            rows,
+        )
 
 
 SQLITE_RECORDER_TOPIC = f"{__name__}:{KandevSQLiteRecorder.__name__}"

@@ -63,7 +63,11 @@ def appended_nodes(
     """The perfect subtrees that become complete when the leaf for
     ``data_hash`` is appended to a tree of ``size`` leaves: the leaf itself,
     then each parent it completes (its left siblings come from ``nodes``)."""
-    current = leaf_hash(data_hash)
+    return _completed(nodes, size, leaf_hash(data_hash))
+
+
+def _completed(nodes: NodeSource, size: int, leaf: bytes) -> list[tuple[int, int, bytes]]:
+    current = leaf
     made = [(0, size, current)]
     index, level = size, 0
     while index & 1:
@@ -85,19 +89,12 @@ class MemoryTree:
         return self.nodes[(level, index)]
 
     def append(self, data: bytes) -> None:
-        for level, index, value in appended_nodes(self.node, self.size, data):
-            self.nodes[(level, index)] = value
-        self.size += 1
+        self.append_leaf_hash(leaf_hash(data))
 
     def append_leaf_hash(self, value: bytes) -> None:
         """Append a leaf given as its already-computed leaf hash."""
-        self.nodes[(0, self.size)] = value
-        index, level = self.size, 0
-        while index & 1:
-            value = node_hash(self.nodes[(level, index - 1)], value)
-            index >>= 1
-            level += 1
-            self.nodes[(level, index)] = value
+        for level, index, made in _completed(self.node, self.size, value):
+            self.nodes[(level, index)] = made
         self.size += 1
 
     def root(self, size: int | None = None) -> bytes:

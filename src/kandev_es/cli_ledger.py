@@ -1,0 +1,102 @@
+"""Tamper-evident history from the command line (docs/auditing.md):
+``audit checkpoint``, ``audit keyring``, ``audit consistency``, and the parts
+``audit verify --ledger`` and ``identity history --proof`` (cli_ops.py) and
+``db init``'s backfill (cli.py) call. Registered on the ``audit`` group."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+from kandev_es_client.signed_note import NoteError, parse_keyring
+
+from kandev_es.cli_usage import open_store, store_options
+from kandev_es.errors import KandevError
+
+
+@click.command("checkpoint", short_help="Print the latest signed checkpoint (C2SP signed note).")
+@click.option("--now", is_flag=True, help="log every settled event and sign a checkpoint first")
+@store_options
+def audit_checkpoint(now: bool) -> None:
+    """Print the latest signed checkpoint of the Merkle log, a C2SP
+    tlog-checkpoint in a signed note. Ship it outside the database's reach."""
+    from kandev_es.services.ledger import latest_checkpoint
+
+    services = open_store()
+    try:
+        if now:
+            services.ledger.catch_up()
+        click.echo(latest_checkpoint(services.database), nl=False)
+    except KandevError as error:
+        raise click.ClickException(error.message) from None
+    finally:
+        services.close()
+
+
+@click.command("keyring", short_help="Print the public keyring that verifies checkpoints.")
+@store_options
+def audit_keyring() -> None:
+    """Print the keyring (public key only) for kandev-es-verify and --keyring."""
+    from kandev_es.cli_usage import store_settings
+    from kandev_es.services.ledger import keyring_of, load_signer
+
+    click.echo(keyring_of(load_signer(store_settings())).to_json(), nl=False)
+
+
+@click.command("consistency", short_help="A consistency proof between two signed checkpoints.")
+@click.option("--from", "old_size", type=click.IntRange(min=1), required=True,
+              help="the older checkpoint's size")
+@click.option("--to", "new_size", type=click.IntRange(min=1), default=None,
+              help="the newer one's (default: latest)")
+@store_options
+def audit_consistency(old_size: int, new_size: int | None) -> None:
+    """Print a consistency proof (JSON) that the log at --to extends the log at --from."""
+    from kandev_es.services.ledger import consistency
+
+    services = open_store()
+    try:
+        click.echo(json.dumps(consistency(services.database, old_size, new_size), indent=2))
+    except KandevError as error:
+        raise click.ClickException(error.message) from None
+    finally:
+        services.close()
+
+
+def verify_ledger_command(
+    services: Any, checkpoint: Path | None, keyring: Path | None, as_json: bool
+) -> bool:
+    """``audit verify --ledger``: prints the report; whether it is clean."""
+    from kandev_es.services.ledger import keyring_of, load_signer
+    from kandev_es.services.ledger_audit import describe, verify_ledger
+
+    try:
+        ring = (parse_keyring(keyring.read_text(encoding="utf-8")) if keyring
+                else keyring_of(load_signer(services.settings)))
+        outside = checkpoint.read_text(encoding="utf-8") if checkpoint else None
+    except (OSError, NoteError) as error:
+        raise click.ClickException(str(error)) from None
+    report = verify_ledger(services.app, services.database, ring, outside)
+    click.echo(json.dumps(report.to_dict(), indent=2) if as_json else "\n".join(describe(report)))
+    return report.ok
+
+
+def backfill_ledger() -> str:
+    """``db init`` on a store written before the ledger: log every event and
+    sign a checkpoint (the sequencer would, at its own pace)."""
+    services = open_store()
+    try:
+        services.ledger.catch_up()
+        services.ledger.fill_chains()
+        from kandev_es.services.ledger import latest_checkpoint
+
+        size = latest_checkpoint(services.database).split("\n")[1]
+    finally:
+        services.close()
+    return f"ledger: {size} events in the log, checkpoint signed"
+
+
+def register(audit: click.Group) -> None:
+    for command in (audit_checkpoint, audit_keyring, audit_consistency):
+        audit.add_command(command)

@@ -1,0 +1,319 @@
+"""Tamper-evident history, the server's side (docs/auditing.md): the
+sequencer that appends every event's chain hash to the Merkle log in settled
+global order and signs checkpoints, the signing key, and the proofs an
+auditor downloads. The hashing, the tree and the note formats are the client
+distribution's (kandev_es_client), the very code the offline verifier runs.
+
+One sequencer per database does the work (the same leadership as the
+projection loop, on a lock of its own); any process may serve proofs."""
+
+from __future__ import annotations
+
+import base64
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, cast
+
+from kandev_es_client import ledger as chains
+from kandev_es_client import merkle
+from kandev_es_client.signed_note import (
+    Checkpoint,
+    Keyring,
+    KeyringEntry,
+    Signer,
+    generate_signer,
+    parse_skey,
+    sign_note,
+    split_note,
+)
+
+from kandev_es.application import Tasks
+from kandev_es.config import Settings
+from kandev_es.domain.external_id import identity_id
+from kandev_es.errors import (
+    CheckpointNotFound,
+    IdentityNotFound,
+    InternalError,
+    InvalidCheckpointRange,
+)
+from kandev_es.projections.leadership import (
+    FileLeadership,
+    Leadership,
+    PostgresLeadership,
+    lock_key,
+    lock_path,
+)
+from kandev_es.storage import ledger as store
+from kandev_es.storage.database import Database, PostgresDatabase, SQLiteDatabase
+
+log = logging.getLogger("kandev_es.ledger")
+BATCH = 2000
+POLL_SECONDS = 0.25
+RETRY_SECONDS = 1.0
+# The sequencer's advisory lock class ("kes2"), apart from the projection leader's.
+LOCK_CLASS = int.from_bytes(b"kes2", "big")
+
+
+class LedgerBroken(InternalError):
+    """History below the settled position cannot be chained (an event the
+    stream needs is gone): the sequencer stops rather than sign over it."""
+
+
+def load_signer(settings: Settings, create: bool = False) -> Signer:
+    """The checkpoint signing key: a signed-note private key in a file only
+    its owner may read, made at first start (``create``)."""
+    path = settings.ledger_key_path
+    if not path.exists() and create:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        signer = generate_signer(settings.ledger_origin)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:  # another process made it first: use theirs
+            return parse_skey(path.read_text(encoding="utf-8"))
+        with os.fdopen(fd, "w", encoding="utf-8") as file:
+            file.write(signer.skey() + "\n")
+        log.info("ledger: made the checkpoint key %s (%s)", path, signer.verifier.vkey())
+        return signer
+    return parse_skey(path.read_text(encoding="utf-8"))
+
+
+def keyring_of(signer: Signer) -> Keyring:
+    return Keyring([KeyringEntry(signer.verifier)])
+
+
+def _leadership(database: Database) -> Leadership:
+    if isinstance(database, PostgresDatabase):
+        leadership = PostgresLeadership(database.conninfo, database.schema)
+        leadership._key = (LOCK_CLASS, lock_key(database.schema)[1])
+        return leadership
+    if isinstance(database, SQLiteDatabase):
+        path = lock_path(database.path)
+        return FileLeadership(path.with_name(path.name.replace("projection", "ledger")))
+    raise TypeError(f"no sequencer leadership for {type(database).__name__}")
+
+
+class Sequencer:
+    def __init__(self, app: Tasks, database: Database, settings: Settings) -> None:
+        self.app = app
+        self.database = database
+        self.settings = settings
+        self._stop = threading.Event()
+        self._signer: Signer | None = None
+        self._last_signed = time.monotonic()
+
+    @property
+    def signer(self) -> Signer:
+        if self._signer is None:
+            self._signer = load_signer(self.settings)
+        return self._signer
+
+    def run_once(self) -> int:
+        """Append the settled events not yet in the log; the number appended."""
+        with self.database.transaction() as tx:
+            size, after = store.tree_head(tx)
+        recorder = cast(Any, self.app.recorder)  # ours, on both backends (storage/)
+        recorder.checkpoint()
+        settled = recorder.read_settled(after, BATCH)
+        if not settled.notifications:
+            return 0
+        with self.database.transaction() as tx:
+            if store.tree_head(tx) != (size, after):
+                return 0  # another sequencer moved on meanwhile
+            self._append(tx, size, settled.notifications)
+        return len(settled.notifications)
+
+    def _append(self, tx: Any, size: int, notifications: list[Any]) -> None:
+        backend = self.database.backend
+        nodes = store.read_nodes(tx, store.frontier_keys(size))
+        known = store.previous_hashes(
+            tx, backend,
+            [(n.originator_id, n.originator_version - 1) for n in notifications
+             if n.originator_version > 1],
+        )
+        leaves, made = [], []
+        for n in notifications:
+            version = n.originator_version
+            previous = chains.GENESIS if version == 1 else known.get((n.originator_id, version - 1))
+            if previous is None:
+                raise LedgerBroken(
+                    f"stream {n.originator_id} version {version - 1} is not in the log"
+                    f" (event {n.id} cannot be chained)"
+                )
+            value = chains.chain_hash(n.originator_id, version, previous, n.topic, n.state)
+            known[(n.originator_id, version)] = value
+            new = merkle.appended_nodes(lambda lv, ix: nodes[(lv, ix)], size, value)
+            nodes.update({(lv, ix): h for lv, ix, h in new})
+            made.extend(new)
+            leaves.append((size, n.id, n.originator_id, version, value))
+            size += 1
+        store.append(tx, backend, leaves, made)
+
+    def checkpoint_if_due(self, force: bool = False) -> str | None:
+        """Sign a checkpoint of the whole log when enough time or events
+        passed since the last one (or ``force``); the new note, or None."""
+        with self.database.transaction() as tx:
+            size, _ = store.tree_head(tx)
+            last = store.latest_checkpoint(tx)
+            last_size = last[0] if last else -1
+            if size <= last_size:
+                return None
+            waited = time.monotonic() - self._last_signed
+            due = size - max(last_size, 0) >= self.settings.ledger_checkpoint_events
+            if not (force or due or waited >= self.settings.ledger_checkpoint_seconds):
+                return None
+            nodes = store.read_nodes(tx, store.frontier_keys(size))
+            root = merkle.root_hash(lambda lv, ix: nodes[(lv, ix)], size)
+            note = sign_note(Checkpoint(self.signer.name, size, root).text(), self.signer)
+            store.add_checkpoint(tx, size, note, time.time())
+        self._last_signed = time.monotonic()
+        return note
+
+    def fill_chains(self) -> None:
+        """db init: the events stored before their save wrote chain hashes get them."""
+        with self.database.transaction() as tx:
+            store.fill_chain_column(tx, self.database.backend,
+                                    self.app.recorder.events_table_name)  # type: ignore[attr-defined]
+
+    def catch_up(self) -> str | None:
+        """Sequence everything settled and sign a checkpoint of it (``db
+        init``'s backfill, tests, ``audit checkpoint --now``)."""
+        while self.run_once():
+            pass
+        return self.checkpoint_if_due(force=True)
+
+    def run_forever(self) -> None:
+        leadership = _leadership(self.database)
+        try:
+            while not self._stop.is_set():
+                if not leadership.hold():
+                    self._stop.wait(RETRY_SECONDS)
+                    continue
+                try:
+                    appended = self.run_once()
+                    self.checkpoint_if_due()
+                except LedgerBroken as error:
+                    log.error("ledger: sequencer stopped: %s", error)
+                    return
+                except Exception as error:  # the database went away: try again later
+                    log.warning("ledger: sequencer pass failed (%s); retrying", error)
+                    appended = 0
+                    self._stop.wait(RETRY_SECONDS)
+                if appended < BATCH:
+                    self._stop.wait(POLL_SECONDS)
+        finally:
+            leadership.release()
+
+    def start_thread(self) -> threading.Thread:
+        self._stop.clear()
+        thread = threading.Thread(target=self.run_forever, name="ledger", daemon=True)
+        thread.start()
+        return thread
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def _b64(value: bytes) -> str:
+    return base64.b64encode(value).decode()
+
+
+def _read_needed(tx: Any, make: Callable[[merkle.NodeSource], object]) -> merkle.NodeSource:
+    """The nodes ``make`` asks for, read in one query: a first run with
+    placeholder hashes records which (a proof's shape never depends on them)."""
+    asked: set[tuple[int, int]] = set()
+
+    def record(level: int, index: int) -> bytes:
+        asked.add((level, index))
+        return bytes(32)
+
+    make(record)
+    nodes = store.read_nodes(tx, asked)
+    return lambda level, index: nodes[(level, index)]
+
+
+def _proofs(tx: Any, wanted: list[tuple[int, int]], size: int) -> dict[int, list[bytes]]:
+    """Inclusion proofs of leaf indexes at ``size``, their nodes read at once."""
+
+    def all_proofs(source: merkle.NodeSource) -> dict[int, list[bytes]]:
+        return {index: merkle.inclusion_proof(source, index, size) for _, index in wanted}
+
+    return all_proofs(_read_needed(tx, all_proofs))
+
+
+def proof_bundle(
+    app: Tasks, database: Database, workspace_id: uuid.UUID, external_id: str
+) -> dict[str, Any]:
+    """The identity's events as stored, their chain and their inclusion
+    proofs against the latest checkpoint (kandev_es_client.ledger checks it)."""
+    key = identity_id(workspace_id, external_id)
+    stored = list(app.recorder.select_events(key))
+    if not stored:
+        raise IdentityNotFound("identity not found")
+    with database.transaction() as tx:
+        latest = store.latest_checkpoint(tx)
+        if latest is None:
+            raise CheckpointNotFound("no checkpoint signed yet: the ledger has not caught up")
+        size, note, _ = latest
+        logged = store.stream_leaves(tx, database.backend, key)
+        covered = [(v, i) for v, (i, _) in logged.items() if i < size]
+        proofs = _proofs(tx, covered, size)
+    events, previous = [], chains.GENESIS
+    for event in stored:
+        version = event.originator_version
+        leaf = logged.get(version)
+        value = leaf[1] if leaf else chains.chain_hash(
+            key, version, previous, event.topic, event.state)
+        previous = value
+        events.append({
+            "version": version, "event": chains.event_name(event.topic), "topic": event.topic,
+            "state": _b64(event.state), "hash": _b64(value),
+            "leaf_index": leaf[0] if leaf else None,
+            "inclusion": [_b64(p) for p in proofs.get(leaf[0], [])] if leaf else [],
+        })
+    return {"format": chains.BUNDLE_FORMAT, "stream_id": str(key),
+            "workspace_id": str(workspace_id), "external_id": external_id,
+            "checkpoint": note, "events": events}
+
+
+def latest_checkpoint(database: Database) -> str:
+    with database.transaction() as tx:
+        latest = store.latest_checkpoint(tx)
+    if latest is None:
+        raise CheckpointNotFound("no checkpoint signed yet: the ledger has not caught up")
+    return latest[1]
+
+
+def consistency(database: Database, old_size: int, new_size: int | None) -> dict[str, Any]:
+    """A consistency proof between two signed checkpoints (the newest when
+    ``new_size`` is None)."""
+    with database.transaction() as tx:
+        if new_size is None:
+            latest = store.latest_checkpoint(tx)
+            new_size = latest[0] if latest else 0
+        old, new = store.checkpoint_at(tx, old_size), store.checkpoint_at(tx, new_size)
+        if old is None or new is None:
+            raise CheckpointNotFound("no signed checkpoint of that size")
+        if not 0 < old_size <= new_size:
+            raise InvalidCheckpointRange("from must be above 0 and at most to")
+        size = new_size
+
+        def make(source: merkle.NodeSource) -> list[bytes]:
+            return merkle.consistency_proof(source, old_size, size)
+
+        proof = make(_read_needed(tx, make))
+    return {"format": chains.CONSISTENCY_FORMAT, "old": old, "new": new,
+            "proof": [_b64(p) for p in proof]}
+
+
+def checkpoint_origin(note: str) -> str:
+    text, _ = split_note(note)
+    return text.split("\n", 1)[0]
+
+
+def key_file_mode(path: Path) -> int:
+    return path.stat().st_mode & 0o777

@@ -1,0 +1,242 @@
+"""``kandev-es audit verify --ledger``: recompute every stream's chain and the
+Merkle log from the events as stored, and check them against the log's
+leaves and against signed checkpoints (the store's own and one the auditor
+kept outside). Each problem names the stream and version it concerns.
+
+What each check catches (docs/auditing.md, "Threat model"):
+- an event's bytes edited: its chain link no longer matches its logged leaf;
+- an event deleted, or two versions swapped: the leaf's event is gone or is
+  another one, and the stream's versions have a gap;
+- a tail cut or a whole stream deleted: leaves whose events are gone;
+- an attacker who also rewrote the leaves and the tree: the root recomputed
+  from the events differs from a signed checkpoint's, and the checkpoints
+  the store still holds bound where (the leaves between the last one that
+  matches and the first that does not; their events are listed).
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from kandev_es_client import ledger as chains
+from kandev_es_client import merkle
+from kandev_es_client.signed_note import Checkpoint, Keyring, NoteError
+
+from kandev_es.application import Tasks
+from kandev_es.storage import ledger as store
+from kandev_es.storage.database import Database
+
+BATCH = 5000
+WINDOW_LISTED = 20
+
+
+@dataclass(frozen=True)
+class Problem:
+    stream: str | None
+    version: int | None
+    problem: str
+
+    def line(self) -> str:
+        where = f"stream {self.stream} version {self.version}: " if self.stream else ""
+        return where + self.problem
+
+
+@dataclass
+class LedgerReport:
+    events: int = 0
+    leaves: int = 0
+    checkpoints: int = 0
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "events": self.events, "leaves": self.leaves,
+                "checkpoints": self.checkpoints,
+                "problems": [p.__dict__ for p in self.problems]}
+
+
+@dataclass(frozen=True)
+class _Event:
+    position: int
+    stream: uuid.UUID
+    version: int
+    topic: str
+    state: bytes
+
+
+def _events(app: Tasks) -> list[_Event]:
+    found: list[_Event] = []
+    start = 0
+    while True:
+        batch = app.recorder.select_notifications(start=start, limit=BATCH,
+                                                  inclusive_of_start=False)
+        if not batch:
+            return found
+        found.extend(_Event(n.id, uuid.UUID(str(n.originator_id)), n.originator_version,
+                            n.topic, n.state)
+                     for n in batch)
+        start = batch[-1].id
+
+
+def _leaves(database: Database) -> list[tuple[int, int, uuid.UUID, int, bytes]]:
+    found: list[tuple[int, int, uuid.UUID, int, bytes]] = []
+    with database.transaction() as tx:
+        while True:
+            page = store.leaves_page(tx, found[-1][0] if found else -1, BATCH)
+            if not page:
+                return found
+            found.extend((i, n, uuid.UUID(str(s)), v, h) for i, n, s, v, h in page)
+
+
+def _chains(events: list[_Event], report: LedgerReport) -> dict[tuple[uuid.UUID, int], bytes]:
+    """Every stream's chain recomputed from genesis, and its version gaps."""
+    last: dict[uuid.UUID, tuple[int, bytes]] = {}
+    computed: dict[tuple[uuid.UUID, int], bytes] = {}
+    for event in sorted(events, key=lambda e: (str(e.stream), e.version)):
+        version, previous = last.get(event.stream, (0, chains.GENESIS))
+        if event.version != version + 1:
+            report.problems.append(Problem(
+                str(event.stream), event.version,
+                f"follows version {version}: an event is missing or versions were swapped"))
+        value = chains.chain_hash(event.stream, event.version, previous, event.topic, event.state)
+        computed[(event.stream, event.version)] = value
+        last[event.stream] = (event.version, value)
+    return computed
+
+
+def _check_leaf(
+    leaf: tuple[int, int, uuid.UUID, int, bytes], by_position: dict[int, _Event],
+    logged: dict[tuple[uuid.UUID, int], bytes], report: LedgerReport,
+) -> None:
+    """One leaf against the event it logged: still there, still the same
+    stream and version, still the same bytes (its link from the logged previous)."""
+    index, position, stream, version, value = leaf
+    event = by_position.get(position)
+    name = str(stream)
+    if event is None:
+        report.problems.append(Problem(name, version, f"deleted (leaf {index}, position"
+                                       f" {position})"))
+        return
+    if (event.stream, event.version) != (stream, version):
+        report.problems.append(Problem(name, version, f"position {position} (leaf {index}) now"
+                                       f" holds version {event.version} of stream"
+                                       f" {event.stream}: versions were swapped or rewritten"))
+        return
+    previous = chains.GENESIS if version == 1 else logged.get((stream, version - 1))
+    link = chains.chain_hash(stream, version, previous or b"", event.topic, event.state)
+    if link != value:
+        report.problems.append(Problem(name, version, f"changed since it was logged (leaf"
+                                       f" {index}): its bytes do not hash to the logged chain"))
+
+
+def _check_stored_chains(
+    events: list[_Event], stored: dict[int, bytes | None], report: LedgerReport
+) -> None:
+    """Each event's chain hash as its save wrote it, against its bytes and its
+    stream's previous stored hash (so only the event that changed is named)."""
+    by_key = {(e.stream, e.version): stored.get(e.position) for e in events}
+    for event in events:
+        value = stored.get(event.position)
+        previous = (chains.GENESIS if event.version == 1
+                    else by_key.get((event.stream, event.version - 1)))
+        if value is None or previous is None:
+            continue  # written before chains, not yet backfilled
+        if chains.chain_hash(event.stream, event.version, previous, event.topic,
+                             event.state) != value:
+            report.problems.append(Problem(str(event.stream), event.version,
+                                           "its stored chain hash does not match its bytes"))
+
+
+def _tree_from_events(
+    leaves: list[tuple[int, int, uuid.UUID, int, bytes]],
+    computed: dict[tuple[uuid.UUID, int], bytes],
+) -> merkle.MemoryTree:
+    """The log rebuilt from the events as they are now (a leaf whose event
+    is gone keeps its logged hash: its deletion is reported on its own)."""
+    tree = merkle.MemoryTree()
+    for _, _, stream, version, value in leaves:
+        tree.append(computed.get((stream, version), value))
+    return tree
+
+
+def _check_checkpoints(
+    notes: list[tuple[str, str]], tree: merkle.MemoryTree, keyring: Keyring,
+    leaves: list[tuple[int, int, uuid.UUID, int, bytes]], report: LedgerReport,
+) -> None:
+    """Each signed checkpoint (where it came from, note) against the rebuilt
+    log; the failing ones bounded by the last size that still matches."""
+    matched = 0
+    for source, note in notes:
+        try:
+            checkpoint: Checkpoint = keyring.open_checkpoint(note)
+        except NoteError as error:
+            report.problems.append(Problem(None, None, f"{source}: {error}"))
+            continue
+        report.checkpoints += 1
+        if checkpoint.size > tree.size:
+            report.problems.append(Problem(None, None, f"{source} covers {checkpoint.size}"
+                                           f" events but the log holds {tree.size}: the log"
+                                           " was cut"))
+        elif tree.root(checkpoint.size) != checkpoint.root:
+            window = leaves[matched:checkpoint.size]
+            listed = ", ".join(f"{s} v{v}" for _, _, s, v, _ in window[:WINDOW_LISTED])
+            report.problems.append(Problem(None, None, f"{source} (size {checkpoint.size}):"
+                                           " the history it covers changed; the change lies"
+                                           f" in leaves {matched}..{checkpoint.size - 1}:"
+                                           f" {listed}"))
+        else:
+            matched = max(matched, checkpoint.size)
+
+
+def verify_ledger(
+    app: Tasks, database: Database, keyring: Keyring, outside: str | None = None
+) -> LedgerReport:
+    """Recompute the chains and the log from the events and check them against
+    the leaves, the store's signed checkpoints and ``outside`` (a checkpoint
+    the auditor kept out of the database's reach)."""
+    events, leaves = _events(app), _leaves(database)
+    report = LedgerReport(events=len(events), leaves=len(leaves))
+    computed = _chains(events, report)
+    by_position = {e.position: e for e in events}
+    logged = {(s, v): h for _, _, s, v, h in leaves}
+    for leaf in leaves:
+        _check_leaf(leaf, by_position, logged, report)
+    last_logged = leaves[-1][1] if leaves else 0
+    in_log = {n for _, n, _, _, _ in leaves}
+    for event in events:
+        if event.position <= last_logged and event.position not in in_log:
+            report.problems.append(Problem(str(event.stream), event.version,
+                                           f"position {event.position} is not in the log"))
+    with database.transaction() as tx:
+        notes = [(f"stored checkpoint {size}", note) for size, note in store.all_checkpoints(tx)]
+        stored = store.stored_chain_hashes(tx, database.backend,
+                                           app.recorder.events_table_name)  # type: ignore[attr-defined]
+    _check_stored_chains(events, stored, report)
+    if outside is not None:
+        notes.append(("the given checkpoint", outside))
+    notes.sort(key=lambda item: _size(item[1]))
+    _check_checkpoints(notes, _tree_from_events(leaves, computed), keyring, leaves, report)
+    return report
+
+
+def _size(note: str) -> int:
+    try:
+        return int(note.split("\n")[1])
+    except (IndexError, ValueError):
+        return -1
+
+
+def describe(report: LedgerReport) -> list[str]:
+    head = (f"ledger: {report.events} events, {report.leaves} in the log, "
+            f"{report.checkpoints} signed checkpoints checked")
+    lines = [head, *(f"  {p.line()}" for p in report.problems)]
+    lines.append("OK" if report.ok else f"FAILED: {len(report.problems)} problem(s)")
+    return lines
+
+
+__all__ = ["LedgerReport", "Problem", "describe", "verify_ledger"]

@@ -1,0 +1,196 @@
+"""The tables of the tamper-evident history (docs/auditing.md) and the
+statements over them; the sequencer and the proofs are in services/ledger.py.
+
+- ``ledger_leaves``: leaf i of the Merkle log is event ``notification_id``
+  (stream, version) with its chain hash, appended in settled global order.
+- ``ledger_nodes``: every complete perfect subtree (level, index) -> hash,
+  level 0 being the leaf hashes. Never updated once written, so a root or a
+  proof at any size reads O(log n) rows.
+- ``ledger_checkpoints``: the signed checkpoints (C2SP signed notes), by size.
+
+Table names are fixed here; the stores' own search_path (PostgreSQL) or file
+(SQLite) places them beside the events table."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from kandev_es.storage.database import Transaction
+
+SQLITE_DDL = (
+    "CREATE TABLE IF NOT EXISTS ledger_leaves ("
+    " leaf_index INTEGER PRIMARY KEY, notification_id INTEGER NOT NULL UNIQUE,"
+    " originator_id TEXT NOT NULL, originator_version INTEGER NOT NULL,"
+    " chain_hash BLOB NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS ledger_leaves_stream"
+    " ON ledger_leaves (originator_id, originator_version)",
+    "CREATE TABLE IF NOT EXISTS ledger_nodes ("
+    " level INTEGER NOT NULL, node_index INTEGER NOT NULL, hash BLOB NOT NULL,"
+    " PRIMARY KEY (level, node_index))",
+    "CREATE TABLE IF NOT EXISTS ledger_checkpoints ("
+    " tree_size INTEGER PRIMARY KEY, note TEXT NOT NULL, signed_at REAL NOT NULL)",
+)
+POSTGRES_DDL = (
+    "CREATE TABLE IF NOT EXISTS ledger_leaves ("
+    " leaf_index BIGINT PRIMARY KEY, notification_id BIGINT NOT NULL UNIQUE,"
+    " originator_id UUID NOT NULL, originator_version BIGINT NOT NULL,"
+    " chain_hash BYTEA NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS ledger_leaves_stream"
+    " ON ledger_leaves (originator_id, originator_version)",
+    "CREATE TABLE IF NOT EXISTS ledger_nodes ("
+    " level INTEGER NOT NULL, node_index BIGINT NOT NULL, hash BYTEA NOT NULL,"
+    " PRIMARY KEY (level, node_index))",
+    "CREATE TABLE IF NOT EXISTS ledger_checkpoints ("
+    " tree_size BIGINT PRIMARY KEY, note TEXT NOT NULL, signed_at DOUBLE PRECISION NOT NULL)",
+)
+
+NodeKey = tuple[int, int]
+
+
+def ledger_ddl(backend: str) -> tuple[str, ...]:
+    return POSTGRES_DDL if backend == "postgres" else SQLITE_DDL
+
+
+def stream_key(backend: str, stream_id: uuid.UUID) -> Any:
+    """A stream id as the backend's events table stores it (SQLite: 32 hex)."""
+    return stream_id if backend == "postgres" else stream_id.hex
+
+
+def tree_head(tx: Transaction) -> tuple[int, int]:
+    """(tree size, the notification id of the last leaf; 0 for none)."""
+    rows = tx.execute(
+        "SELECT leaf_index, notification_id FROM ledger_leaves"
+        " ORDER BY leaf_index DESC LIMIT 1"
+    )
+    return (int(rows[0][0]) + 1, int(rows[0][1])) if rows else (0, 0)
+
+
+def frontier_keys(size: int) -> list[NodeKey]:
+    """The perfect subtrees whose hashes make the root of ``size`` leaves
+    (and are the left siblings of whatever is appended next)."""
+    keys, start = [], 0
+    for level in range(size.bit_length() - 1, -1, -1):
+        if size >> level & 1:
+            keys.append((level, start >> level))
+            start += 1 << level
+    return keys
+
+
+def read_nodes(tx: Transaction, keys: Iterable[NodeKey]) -> dict[NodeKey, bytes]:
+    wanted = sorted(set(keys))
+    found: dict[NodeKey, bytes] = {}
+    for chunk in range(0, len(wanted), 200):
+        part = wanted[chunk : chunk + 200]
+        where = " OR ".join(["(level = ? AND node_index = ?)"] * len(part))
+        params = [value for key in part for value in key]
+        for level, index, value in tx.execute(
+            f"SELECT level, node_index, hash FROM ledger_nodes WHERE {where}", params
+        ):
+            found[(int(level), int(index))] = bytes(value)
+    return found
+
+
+def previous_hashes(
+    tx: Transaction, backend: str, wanted: Iterable[tuple[uuid.UUID, int]]
+) -> dict[tuple[uuid.UUID, int], bytes]:
+    """The chain hashes of already sequenced events (stream, version)."""
+    found: dict[tuple[uuid.UUID, int], bytes] = {}
+    for stream, version in set(wanted):
+        rows = tx.execute(
+            "SELECT chain_hash FROM ledger_leaves WHERE originator_id = ?"
+            " AND originator_version = ?",
+            (stream_key(backend, stream), version),
+        )
+        if rows:
+            found[(stream, version)] = bytes(rows[0][0])
+    return found
+
+
+def append(
+    tx: Transaction,
+    backend: str,
+    leaves: Sequence[tuple[int, int, uuid.UUID, int, bytes]],
+    nodes: Sequence[tuple[int, int, bytes]],
+) -> None:
+    """Leaves (index, notification id, stream, version, chain hash) and nodes."""
+    tx.executemany(
+        "INSERT INTO ledger_leaves (leaf_index, notification_id, originator_id,"
+        " originator_version, chain_hash) VALUES (?, ?, ?, ?, ?)",
+        [(i, n, stream_key(backend, s), v, h) for i, n, s, v, h in leaves],
+    )
+    tx.executemany(
+        "INSERT INTO ledger_nodes (level, node_index, hash) VALUES (?, ?, ?)", nodes
+    )
+
+
+def latest_checkpoint(tx: Transaction) -> tuple[int, str, float] | None:
+    rows = tx.execute(
+        "SELECT tree_size, note, signed_at FROM ledger_checkpoints"
+        " ORDER BY tree_size DESC LIMIT 1"
+    )
+    return (int(rows[0][0]), str(rows[0][1]), float(rows[0][2])) if rows else None
+
+
+def checkpoint_at(tx: Transaction, size: int) -> str | None:
+    rows = tx.execute("SELECT note FROM ledger_checkpoints WHERE tree_size = ?", (size,))
+    return str(rows[0][0]) if rows else None
+
+
+def all_checkpoints(tx: Transaction) -> list[tuple[int, str]]:
+    rows = tx.execute("SELECT tree_size, note FROM ledger_checkpoints ORDER BY tree_size")
+    return [(int(size), str(note)) for size, note in rows]
+
+
+def add_checkpoint(tx: Transaction, size: int, note: str, signed_at: float) -> None:
+    tx.execute(
+        "INSERT INTO ledger_checkpoints (tree_size, note, signed_at) VALUES (?, ?, ?)",
+        (size, note, signed_at),
+    )
+
+
+def stream_leaves(
+    tx: Transaction, backend: str, stream_id: uuid.UUID
+) -> dict[int, tuple[int, bytes]]:
+    """A stream's sequenced events: version -> (leaf index, chain hash)."""
+    rows = tx.execute(
+        "SELECT originator_version, leaf_index, chain_hash FROM ledger_leaves"
+        " WHERE originator_id = ?",
+        (stream_key(backend, stream_id),),
+    )
+    return {int(v): (int(i), bytes(h)) for v, i, h in rows}
+
+
+def leaves_page(
+    tx: Transaction, after: int, limit: int
+) -> list[tuple[int, int, Any, int, bytes]]:
+    """Leaves after index ``after`` in order: (index, notification id, stream, version, hash)."""
+    rows = tx.execute(
+        "SELECT leaf_index, notification_id, originator_id, originator_version, chain_hash"
+        " FROM ledger_leaves WHERE leaf_index > ? ORDER BY leaf_index LIMIT ?",
+        (after, limit),
+    )
+    return [(int(i), int(n), s, int(v), bytes(h)) for i, n, s, v, h in rows]
+
+
+def _position_column(backend: str) -> str:
+    """The events table's notification id: SQLite's is the rowid."""
+    return "notification_id" if backend == "postgres" else "rowid"
+
+
+def fill_chain_column(tx: Transaction, backend: str, table: str) -> None:
+    """Rows stored before the save wrote chain hashes get the sequencer's
+    (the same hash: kandev_es_client.ledger.chain_hash over the same bytes)."""
+    position = _position_column(backend)
+    tx.execute(
+        f"UPDATE {table} SET chain_hash = (SELECT l.chain_hash FROM ledger_leaves l"
+        f" WHERE l.notification_id = {table}.{position}) WHERE chain_hash IS NULL"
+    )
+
+
+def stored_chain_hashes(tx: Transaction, backend: str, table: str) -> dict[int, bytes | None]:
+    """Every event's stored chain hash by notification id (None: not written)."""
+    position = _position_column(backend)
+    rows = tx.execute(f"SELECT {position}, chain_hash FROM {table}")
+    return {int(n): None if h is None else bytes(h) for n, h in rows}

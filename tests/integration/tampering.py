@@ -1,0 +1,85 @@
+"""What an attacker with write access to the database does, in plain SQL on
+either backend (tests/integration/test_ledger.py). Each function tampers with
+one identity stream and returns the version a verifier must name."""
+
+from __future__ import annotations
+
+from kandev_es_client import ledger as chains
+from kandev_es_client import merkle
+
+from kandev_es.storage.ledger import stream_key
+
+
+def _where(services, stream):
+    return services.app.recorder.events_table_name, stream_key(services.database.backend, stream)
+
+
+def edit(services, stream) -> int:
+    table, key = _where(services, stream)
+    with services.database.transaction() as tx:
+        (state,) = tx.execute(f"SELECT state FROM {table} WHERE originator_id = ?"
+                              " AND originator_version = 2", (key,))[0]
+        tx.execute(f"UPDATE {table} SET state = ? WHERE originator_id = ?"
+                   " AND originator_version = 2", (bytes(state) + b" ", key))
+    return 2
+
+
+def delete(services, stream) -> int:
+    table, key = _where(services, stream)
+    with services.database.transaction() as tx:
+        tx.execute(f"DELETE FROM {table} WHERE originator_id = ? AND originator_version = 2",
+                   (key,))
+    return 2
+
+
+def swap(services, stream) -> int:
+    table, key = _where(services, stream)
+    with services.database.transaction() as tx:
+        for old, new in ((2, -2), (3, 2), (-2, 3)):
+            tx.execute(f"UPDATE {table} SET originator_version = ? WHERE originator_id = ?"
+                       " AND originator_version = ?", (new, key, old))
+    return 2
+
+
+def cut(services, stream) -> int:
+    """The stream's last event (its Completed) and the one before it gone."""
+    table, key = _where(services, stream)
+    with services.database.transaction() as tx:
+        (last,) = tx.execute(f"SELECT max(originator_version) FROM {table}"
+                             " WHERE originator_id = ?", (key,))[0]
+        tx.execute(f"DELETE FROM {table} WHERE originator_id = ? AND originator_version >= ?",
+                   (key, int(last) - 1))
+    return int(last)
+
+
+def drop_stream(services, stream) -> int:
+    table, key = _where(services, stream)
+    with services.database.transaction() as tx:
+        tx.execute(f"DELETE FROM {table} WHERE originator_id = ?", (key,))
+    return 1
+
+
+def rewrite(services, stream) -> int:
+    """Edit version 2, then recompute the stream's chain in the log's leaves
+    and every node of the tree, consistently: only a signed checkpoint from
+    before the edit can tell."""
+    edit(services, stream)
+    table, key = _where(services, stream)
+    with services.database.transaction() as tx:
+        rows = tx.execute(f"SELECT originator_version, topic, state FROM {table}"
+                          " WHERE originator_id = ? ORDER BY originator_version", (key,))
+        hashes = chains.chain(stream, [(int(v), t, bytes(s)) for v, t, s in rows])
+        for (version, _, _), value in zip(rows, hashes, strict=True):
+            for where in ("ledger_leaves", table):
+                tx.execute(f"UPDATE {where} SET chain_hash = ? WHERE originator_id = ?"
+                           " AND originator_version = ?", (value, key, int(version)))
+        tree = merkle.MemoryTree()
+        for (value,) in tx.execute("SELECT chain_hash FROM ledger_leaves ORDER BY leaf_index"):
+            tree.append(bytes(value))
+        tx.execute("DELETE FROM ledger_nodes")
+        tx.executemany("INSERT INTO ledger_nodes (level, node_index, hash) VALUES (?, ?, ?)",
+                       [(lv, ix, h) for (lv, ix), h in tree.nodes.items()])
+    return 2
+
+
+TAMPERING = {f.__name__: f for f in (edit, delete, swap, cut, drop_stream, rewrite)}
