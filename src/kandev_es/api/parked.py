@@ -15,7 +15,6 @@ from marshmallow import Schema, fields
 
 from kandev_es.api.context import path_uuid, principal, services
 from kandev_es.api.errors import document_errors
-from kandev_es.api.resources import CreationStepSchema
 from kandev_es.domain.principal import require_operator
 from kandev_es.errors import BadRequest, IdentityNotFound
 from kandev_es.runtime.settle import SettleResult
@@ -40,6 +39,14 @@ TENURE = {
 }
 
 
+class ParkedStepSchema(Schema):
+    # Beside its route (tests/unit/test_schemas_beside_routes.py), as the
+    # creation status's own step schema is beside its.
+    name = fields.String(required=True)
+    status = fields.String(required=True)
+    evidence = fields.Dict(required=True)
+
+
 class ParkedCreationSchema(Schema):
     identity_id = fields.UUID(required=True)
     tenure = fields.Integer(required=True)
@@ -51,7 +58,7 @@ class ParkedCreationSchema(Schema):
     takeovers = fields.Integer(required=True, metadata={"description": "in the current series"})
     reason = fields.String(required=True, metadata={"description": "why it was parked"})
     abort_reason = fields.String(allow_none=True, required=True)
-    steps = fields.List(fields.Nested(CreationStepSchema), required=True)
+    steps = fields.List(fields.Nested(ParkedStepSchema), required=True)
 
 
 class ParkedListSchema(Schema):
