@@ -145,6 +145,10 @@ def test_a_person_sees_each_tenure_release_actor_task_and_hostile_text_as_text(
         assert "state active" in card and "workflow default step backlog" in card, card
     assert "title Second" in _text(dom[dom.index(f'id="task-{made["second"]["id"]}"') :])
     assert "holds the identity" in _text(tenure_2) and "Second" in _text(tenure_2)
+    ledger = _text(dom[dom.index('class="ledger ') : dom.index("Tenures, oldest first")])
+    assert "Tamper evidence" in ledger and "FAILED" not in ledger, ledger
+    assert any(words in ledger for words in ("verified up to the checkpoint of size",
+                                             "no signed checkpoint yet")), ledger
     assert "outcome created" in _text(tenure_1) and "outcome created" in _text(tenure_2)
     rows = tenure_1.split('<tr class="event ')[1:]
     steps = [_text(row) for row in rows if row.startswith("event-StepRecorded")]

@@ -157,3 +157,9 @@ def test_the_routes_serve_proofs_checkpoints_and_typed_refusals(
                              headers=bearer(member[1]))
         assert refused.status_code == status, (query, refused.json)
     assert client.get("/api/v1/ledger/checkpoint").status_code == 404  # no token: nothing
+    page = f"/audit/identities?workspace={workspace.id}&external_id=ROUTE-1"
+    assert "events verified up to the checkpoint" in client.get(
+        page, headers=bearer(operator[1])).get_data(as_text=True)
+    TAMPERING["edit"](services, identity_id(workspace.id, "ROUTE-1"))
+    shown = client.get(page, headers=bearer(operator[1])).get_data(as_text=True)
+    assert "FAILED against the checkpoint" in shown and "v2" in shown

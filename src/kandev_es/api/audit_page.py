@@ -24,6 +24,7 @@ from kandev_es.domain.principal import require_auditor
 from kandev_es.errors import BadRequest, KandevError, http_status
 from kandev_es.services.audit_links import LINK_PARAMETER
 from kandev_es.services.audit_timeline import identity_timeline
+from kandev_es.services.ledger import identity_verification
 
 blp = Blueprint(
     "audit_page",
@@ -73,7 +74,10 @@ def identity_page() -> ResponseReturnValue:
     external_id = require_external_id(request.args.get("external_id"))
     full = _authorize(workspace_id, external_id)
     timeline = identity_timeline(services().app, workspace_id, external_id, full=full)
-    return _render("audit/identity.html", 200, t=timeline)
+    found = services()
+    ledger = identity_verification(found.app, found.database, found.settings, workspace_id,
+                                   external_id)
+    return _render("audit/identity.html", 200, t=timeline, ledger=ledger)
 
 
 @blp.errorhandler(KandevError)

@@ -280,6 +280,31 @@ def proof_bundle(
             "checkpoint": note, "events": events}
 
 
+def identity_verification(
+    app: Tasks, database: Database, settings: Settings, workspace_id: uuid.UUID,
+    external_id: str,
+) -> dict[str, Any]:
+    """The auditor's page's line: do the identity's events verify up to the
+    latest checkpoint (its proof bundle checked by the verifier's own code)."""
+    try:
+        bundle = proof_bundle(app, database, workspace_id, external_id)
+        ring = keyring_of(load_signer(settings))
+    except (CheckpointNotFound, OSError):
+        return {"state": "unchecked", "summary": "no signed checkpoint yet", "lines": []}
+    report = chains.verify_bundle(bundle, ring)
+    statuses = [f.status for f in report.findings]
+    state = ("failed" if not report.ok
+             else "pending" if "pending" in statuses else "verified")
+    size = report.checkpoint.size if report.checkpoint else 0
+    summary = {
+        "failed": f"FAILED against the checkpoint of size {size}",
+        "pending": f"{statuses.count('verified')} event(s) verified up to the checkpoint of"
+        f" size {size}; {statuses.count('pending')} written after it",
+        "verified": f"all {len(statuses)} events verified up to the checkpoint of size {size}",
+    }[state]
+    return {"state": state, "summary": summary, "lines": report.lines()[1:-1]}
+
+
 def latest_checkpoint(database: Database) -> str:
     with database.transaction() as tx:
         latest = store.latest_checkpoint(tx)
