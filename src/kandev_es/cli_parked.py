@@ -53,9 +53,10 @@ def _settle_command(action: str, summary: str) -> click.Command:
         services = open_store()
         try:
             target = workspace_id(services, workspace)
-            run = getattr(services.parked(), action)
             # The local CLI reaches the store directly: no token, so the actor is "cli".
-            result = run(target, identity_id, operation_id, actor="cli", tenure=tenure)
+            result = services.parked().settle(
+                action, target, identity_id, operation_id, actor="cli", tenure=tenure
+            )
             _emit({"replayed": result.replayed, **result.body})
         except KandevError as error:
             raise click.ClickException(f"{error.code}: {error.message}") from None

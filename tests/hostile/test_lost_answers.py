@@ -89,3 +89,16 @@ def test_a_release_committed_with_its_answer_lost_is_answered_as_released_not_re
 
     assert proxy.sprung.is_set(), "the fault was never injected"
     assert released.released and not released.replayed
+
+
+def test_a_token_issue_committed_with_its_answer_lost_hands_out_a_working_token(proxied):
+    services, proxy = proxied
+    workspace = services.workspaces.open("lost")
+
+    proxy.lose_answer(b"ApiToken.Issued")
+    secret, principal = services.tokens.issue(workspace_id=workspace.id, admin=False)
+
+    assert proxy.sprung.is_set(), "the fault was never injected"
+    created = services.creation.create(principal, {"title": "t"})
+    assert created.outcome.value == "created"
+    assert services.tokens.authenticate(secret) == principal

@@ -40,6 +40,8 @@ TENURE = {
 
 
 class ParkedStepSchema(Schema):
+    # Beside its route (tests/unit/test_schemas_beside_routes.py), as the
+    # creation status's own step schema is beside its.
     name = fields.String(required=True)
     status = fields.String(required=True)
     evidence = fields.Dict(required=True)
@@ -93,8 +95,8 @@ def _settle(action: str, workspace_id: str, identity_id: str) -> Any:
     raw = request.args.get("tenure")
     if raw is not None and (not raw.isdigit() or not 1 <= int(raw) <= 2**31):
         raise BadRequest("tenure must be a positive integer", field="tenure")
-    settle = getattr(services().parked(), action)
-    result: SettleResult = settle(
+    result: SettleResult = services().parked().settle(
+        action,
         workspace,
         path_uuid(identity_id, "identity id"),
         request.headers.get("Idempotency-Key"),

@@ -51,6 +51,18 @@ def owner(owner_id: str) -> str:
     return "runtime" if owner_id.startswith("runtime:") else "request"
 
 
+def steps_seen(steps: dict[str, dict[str, Any]], full: bool) -> list[dict[str, Any]]:
+    """A tenure's steps (name, status, evidence) as this reader may see them."""
+    return [
+        {
+            "name": name,
+            "status": record["status"],
+            "evidence": step_evidence(name, record["status"], record["evidence"], full),
+        }
+        for name, record in steps.items()
+    ]
+
+
 def history_entry(entry: dict[str, Any], full: bool) -> dict[str, Any]:
     """One identity event (services/history.py's plain dict) as this reader may
     see it."""

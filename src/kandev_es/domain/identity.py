@@ -219,16 +219,10 @@ class Identity(Aggregate):
         self, tenure: int, operation_id: str, *, actor: str, request_id: str | None = None
     ) -> int:
         """An operator's retry of a parked creation (after a repair): a fresh
-        series of takeovers. A new epoch fences whoever still acts on it."""
-        current = self.tenure(tenure)
-        if not current.in_flight:
+        series of takeovers. Returns the new epoch."""
+        if not self.tenure(tenure).in_flight:
             raise DomainRuleBroken("only an unfinished creation can be retried")
-        epoch = current.epoch + 1
-        self.trigger_event(
-            self.RecoveryRenewed, tenure=tenure, epoch=epoch, operation_id=operation_id,
-            actor=actor, owner_id=f"operator:{operation_id}", request_id=request_id,
-        )
-        return epoch
+        return self._settling(self.RecoveryRenewed, tenure, operation_id, actor, request_id)
 
     def force_abort(
         self, tenure: int, operation_id: str, *, actor: str, request_id: str | None = None
@@ -236,14 +230,21 @@ class Identity(Aggregate):
         """An operator's abort of a parked creation: from here its effects are
         removed, forcibly if need be, and it ends Aborted. Never once it is
         completing (AC-5: only Complete is allowed then). Returns the epoch
-        the operator's compensation acts at (fencing everyone else)."""
-        current = self.tenure(tenure)
-        if current.phase not in (PREPARING, ABORTING):
-            raise DomainRuleBroken(f"a {current.phase} creation cannot be aborted")
-        epoch = current.epoch + 1
+        the operator's compensation acts at."""
+        phase = self.tenure(tenure).phase
+        if phase not in (PREPARING, ABORTING):
+            raise DomainRuleBroken(f"a {phase} creation cannot be aborted")
+        return self._settling(self.AbortForced, tenure, operation_id, actor, request_id)
+
+    def _settling(
+        self, kind: type[Any], tenure: int, operation_id: str, actor: str,
+        request_id: str | None,
+    ) -> int:
+        """``request_id``: the operator's request (its X-Request-Id), if any."""
+        epoch = self.tenure(tenure).epoch + 1
         self.trigger_event(
-            self.AbortForced, tenure=tenure, epoch=epoch, operation_id=operation_id,
-            actor=actor, owner_id=f"operator:{operation_id}", request_id=request_id,
+            kind, tenure=tenure, epoch=epoch, operation_id=operation_id, actor=actor,
+            owner_id=f"operator:{operation_id}", request_id=request_id,
         )
         return epoch
 
@@ -397,38 +398,39 @@ class Identity(Aggregate):
             tenure.lease_expires_at = self.lease_expires_at
             tenure.takeovers += 1
 
-    class RecoveryRenewed(Aggregate.Event):
+    class OperatorSettling(Aggregate.Event):
+        """An operator takes a parked tenure in hand: a new epoch fences
+        whoever still acts on it (the two kinds below)."""
+
         tenure: int
         epoch: int
         operation_id: str
         actor: str
         owner_id: str
-        request_id: str | None = None  # the operator's request (X-Request-Id), if any
+        # The operator's request (its X-Request-Id), if any; defaulted so
+        # events stored before it replay.
+        request_id: str | None = None
 
         def apply(self, aggregate: Identity) -> None:
             tenure = aggregate.tenures[self.tenure]
             tenure.epoch = self.epoch
             tenure.owner_id = self.owner_id
+            tenure.settle_operation_id = self.operation_id
+            self.settle(tenure)
+
+        def settle(self, tenure: Tenure) -> None:
+            raise NotImplementedError
+
+    class RecoveryRenewed(OperatorSettling):
+        def settle(self, tenure: Tenure) -> None:
             tenure.takeovers = 0
             tenure.parked_reason = None
-            tenure.settle_operation_id = self.operation_id
 
-    class AbortForced(Aggregate.Event):
-        tenure: int
-        epoch: int
-        operation_id: str
-        actor: str
-        owner_id: str
-        request_id: str | None = None  # the operator's request (X-Request-Id), if any
-
-        def apply(self, aggregate: Identity) -> None:
-            tenure = aggregate.tenures[self.tenure]
-            tenure.epoch = self.epoch
-            tenure.owner_id = self.owner_id
+    class AbortForced(OperatorSettling):
+        def settle(self, tenure: Tenure) -> None:
             if tenure.phase == PREPARING:
                 tenure.abort_reason = "operator_abort"
             tenure.phase = ABORTING
-            tenure.settle_operation_id = self.operation_id
 
     class Parked(Aggregate.Event):
         tenure: int

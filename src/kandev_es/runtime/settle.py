@@ -18,7 +18,7 @@ from typing import Any
 
 from kandev_es.application import Tasks, VersionConflict
 from kandev_es.creation.driver import CreationDriver, Fenced
-from kandev_es.domain.disclosure import step_evidence
+from kandev_es.domain.disclosure import steps_seen
 from kandev_es.domain.errors import DomainRuleBroken
 from kandev_es.domain.identity import ABORTING, Identity, Tenure
 from kandev_es.domain.release import validate_operation_id
@@ -56,14 +56,7 @@ def parked_entry(identity: Identity, tenure: Tenure) -> dict[str, Any]:
         "takeovers": tenure.takeovers,
         "reason": tenure.parked_reason or ABANDONED_REASON,
         "abort_reason": tenure.abort_reason,
-        "steps": [
-            {
-                "name": name,
-                "status": record["status"],
-                "evidence": step_evidence(name, record["status"], record["evidence"], True),
-            }
-            for name, record in tenure.steps.items()
-        ],
+        "steps": steps_seen(tenure.steps, True),
     }
     if identity.external_id is not None:
         entry["external_id"] = identity.external_id
@@ -94,40 +87,21 @@ class ParkedCreations:
             if tenure.parked(self._attempts, now)
         ]
 
-    def retry(
-        self,
-        workspace_id: uuid.UUID,
-        identity_id: uuid.UUID,
-        raw_operation_id: str | None,
-        *,
-        actor: str,
-        tenure: int | None = None,
-    ) -> SettleResult:
-        """A fresh series of takeovers for a parked creation: the Runtime
-        takes it over again at its next scan (and may park it again)."""
-        return self._settle(RETRY, workspace_id, identity_id, raw_operation_id, actor, tenure)
-
-    def abort(
-        self,
-        workspace_id: uuid.UUID,
-        identity_id: uuid.UUID,
-        raw_operation_id: str | None,
-        *,
-        actor: str,
-        tenure: int | None = None,
-    ) -> SettleResult:
-        """Remove whatever the parked creation made and end it Aborted, now."""
-        return self._settle(ABORT, workspace_id, identity_id, raw_operation_id, actor, tenure)
-
-    def _settle(
+    def settle(
         self,
         action: str,
         workspace_id: uuid.UUID,
         identity_id: uuid.UUID,
         raw_operation_id: str | None,
+        *,
         actor: str,
-        number: int | None,
+        tenure: int | None = None,
     ) -> SettleResult:
+        """``action`` RETRY: a fresh series of takeovers for a parked creation
+        (the Runtime takes it over again at its next scan, and may park it
+        again). ABORT: remove whatever it made and end it Aborted, now."""
+        if action not in (RETRY, ABORT):
+            raise ValueError(f"no settle action {action!r}")
         operation_id = validate_operation_id(raw_operation_id)
         for _ in range(ATTEMPTS):
             stored = self._app.load(
@@ -135,22 +109,22 @@ class ParkedCreations:
             )
             if stored is not None:
                 return self._replay(stored, action, identity_id)
-            identity, tenure = self._parked(workspace_id, identity_id, number)
+            identity, held = self._parked(workspace_id, identity_id, tenure)
             try:
                 if action == RETRY:
                     identity.renew_recovery(
-                        tenure.number, operation_id, actor=actor,
+                        held.number, operation_id, actor=actor,
                         request_id=serving.current_request_id(),
                     )
                 else:
                     identity.force_abort(
-                        tenure.number, operation_id, actor=actor,
+                        held.number, operation_id, actor=actor,
                         request_id=serving.current_request_id(),
                     )
             except DomainRuleBroken as refused:
-                raise CreationNotParked(str(refused), phase=tenure.phase) from None
+                raise CreationNotParked(str(refused), phase=held.phase) from None
             operation = SettleOperation.record(
-                workspace_id, operation_id, action, identity_id, tenure.number
+                workspace_id, operation_id, action, identity_id, held.number
             )
             try:
                 self._app.save_atomically(identity, operation)

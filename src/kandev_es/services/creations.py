@@ -9,7 +9,7 @@ from typing import Any
 
 from kandev_es.application import Tasks
 from kandev_es.creation.handles import matches, parse_handle
-from kandev_es.domain.disclosure import step_evidence
+from kandev_es.domain.disclosure import steps_seen
 from kandev_es.domain.identity import Identity
 from kandev_es.domain.principal import Principal
 from kandev_es.errors import CreationNotFound
@@ -43,12 +43,5 @@ class CreationStatusService:
             "plan_hash": tenure.plan_hash,
             # The request that claimed it (its X-Request-Id): None before request ids.
             "request_id": tenure.request_id,
-            "steps": [
-                {
-                    "name": name,
-                    "status": record["status"],
-                    "evidence": step_evidence(name, record["status"], record["evidence"], full),
-                }
-                for name, record in tenure.steps.items()
-            ],
+            "steps": steps_seen(tenure.steps, full),
         }
