@@ -542,8 +542,8 @@ def multiprocess_metrics_dir(environ: Mapping[str, str] | None = None) -> Path |
 def export_multiprocess_metrics_dir(
     directory: Path, environ: MutableMapping[str, str] | None = None
 ) -> None:
-    """Name ``directory`` to this process and the workers it will fork; must run
-    before prometheus_client is first imported (the gunicorn master's on_starting)."""
+    """Name ``directory`` to this process and the workers it will fork (the
+    gunicorn master's on_starting, before any worker forks: metrics.start_multiprocess)."""
     env = os.environ if environ is None else environ
     env[METRICS_DIR_VARIABLE] = str(directory)
 

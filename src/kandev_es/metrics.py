@@ -8,7 +8,9 @@ one run (the library's multiprocess mode: ``config.metrics_dir``, wiped and
 named by the master's ``on_starting`` before any worker forks), so a scrape
 answered by any worker adds up all of them, including workers that have since
 died. prometheus_client picks its mode when it is first imported, so it is
-imported here only when the instruments are first made, never at module import.
+imported here only when the instruments are first made, never at module import;
+and instruments the master made before naming the directory (its first start
+records too) are dropped when it names it, before any worker forks.
 Outside a multi-process server (``create_app`` in a test, a one-shot command)
 the process answers for itself.
 
@@ -20,6 +22,7 @@ someone outside chose.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -288,7 +291,25 @@ def start_multiprocess(settings: config.Settings) -> Path:
     for stale in directory.glob("*.db"):
         stale.unlink(missing_ok=True)
     config.export_multiprocess_metrics_dir(directory)
+    _forget_instruments()
     return directory
+
+
+def _forget_instruments() -> None:
+    """Drop what this master recorded before the directory was named: first
+    start's store work records too (a PostgreSQL pool's first checkout waits),
+    which made the instruments here, in this process's memory. Workers forked
+    with them would each answer for themselves and never write a file, so a
+    scrape would see one worker. prometheus_client then chooses its mode again,
+    from the directory now named, for the instruments each worker makes."""
+    global _instruments
+    with _lock:
+        _instruments = None
+        _request_children.clear()
+    if "prometheus_client" in sys.modules:  # else its first import reads the directory
+        from prometheus_client import values
+
+        values.ValueClass = values.get_value_class()  # type: ignore[no-untyped-call]
 
 
 def worker_exited(pid: int) -> None:
