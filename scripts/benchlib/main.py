@@ -118,7 +118,7 @@ def on_schema(report: dict[str, Any], args: argparse.Namespace, admin_url: str,
                 [c for c in args.cost_clients if c > 0], args.cost_settle, args.rounds,
             )
             report["scaling"]["store_saves"] = store_saves(
-                settings, url, schema, args.save_clients, args.seconds
+                settings, admin_url, args.save_clients, args.seconds
             )
         if args.scaling_only:
             report["scaling"]["targets"] = scaling_targets(report["scaling"])

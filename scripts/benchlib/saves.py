@@ -1,8 +1,15 @@
 """Store saves (the scaling section's store_saves): the store's one-statement
-save of a 6-event stream against a raw 6-row INSERT transaction."""
+save of a 6-event stream against a raw 6-row INSERT transaction.
+
+The saved events have a topic no kandev-es version knows ("bench:Saved"), so
+they go to a schema of their own, dropped afterwards: in the run's store the
+projection loop would stop before the first of them and the rebuild
+measurement would refuse to swap (unknown topic), as they must for a real
+newer writer's event."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import Callable
@@ -11,9 +18,9 @@ from typing import Any
 import psycopg
 
 from benchlib.common import concurrent_rate, ratio, say
-from benchlib.database import connect
+from benchlib.database import connect, with_schema
 from kandev_es.bootstrap import bootstrap
-from kandev_es.config import Settings
+from kandev_es.config import Settings, postgres_target
 
 RAW_EVENTS_DDL = (
     "CREATE TABLE raw_events (notification_id bigserial UNIQUE, originator_id uuid NOT NULL,"
@@ -42,6 +49,26 @@ def save_params() -> tuple[list[uuid.UUID], list[int], list[str], list[bytes]]:
 
 
 def store_saves(
+    settings: Settings, admin_url: str, client_counts: list[int], seconds: float
+) -> list[dict[str, Any]]:
+    """The store's save against a raw INSERT transaction (see measure_saves), on
+    a fresh schema of ``admin_url`` dropped afterwards: the run's own store never
+    holds the bench's synthetic events."""
+    schema = f"bench_saves_{uuid.uuid4().hex[:12]}"
+    url = with_schema(admin_url, schema)
+    saves_settings = settings.with_overrides(database_url=url,
+                                             data_dir=settings.data_dir / "saves")
+    bootstrap(saves_settings).close()  # creates the schema and the store's tables
+    try:
+        return measure_saves(saves_settings, url, schema, client_counts, seconds)
+    finally:
+        with contextlib.suppress(psycopg.Error), psycopg.connect(
+            postgres_target(admin_url).conninfo, autocommit=True
+        ) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+def measure_saves(
     settings: Settings, url: str, schema: str, client_counts: list[int], seconds: float
 ) -> list[dict[str, Any]]:
     """The store's save (recorder.insert_events: one call of kandev_insert_events)

@@ -6,12 +6,14 @@ a typed 413; tokens are stored hashed."""
 from __future__ import annotations
 
 import re
+import uuid
 from typing import Any
 
 import pytest
 
 from kandev_es.api import create_app
 from kandev_es.bootstrap import bootstrap
+from kandev_es.domain.external_id import identity_id
 from tests.conftest import bearer
 from tests.integration.helpers import create
 
@@ -21,11 +23,17 @@ UNSCOPED = {
     "/static/<path:filename>",
     "/audit/static/<path:filename>",  # the auditor's page's stylesheet
     "/api/openapi.json",
+    "/api/docs",  # the interactive API reference and its local assets
+    "/api/docs/assets/<name>",
     "/healthz",
     "/readyz",
     "/metrics",
 }
 ADMIN_ONLY = {"/api/v1/workspaces", "/api/v1/tokens"}
+# The Merkle log's checkpoints and consistency proofs are about the whole log (a
+# tree size and hashes, meant to be shipped outside): any valid token reads them,
+# and they name no workspace's data (checked below).
+WHOLE_LOG = {"/api/v1/ledger/checkpoint", "/api/v1/ledger/consistency"}
 # Admin-only routes on one token (revoking it), checked below with the victim's token.
 ADMIN_ONLY_TOKEN = "/api/v1/tokens/<token_id>"
 PARAM = re.compile(r"<(?:[a-z]+:)?([a-z_]+)>")
@@ -49,7 +57,7 @@ def intruder(services) -> dict[str, str]:
 def scoped_routes(app: Any) -> list[tuple[str, str]]:
     routes = []
     for rule in app.url_map.iter_rules():
-        if rule.rule in UNSCOPED or rule.rule in ADMIN_ONLY or rule.rule == ADMIN_ONLY_TOKEN:
+        if rule.rule in UNSCOPED | ADMIN_ONLY | WHOLE_LOG or rule.rule == ADMIN_ONLY_TOKEN:
             continue
         for method in sorted(rule.methods - {"HEAD", "OPTIONS"}):
             routes.append((method, rule.rule))
@@ -61,6 +69,8 @@ def fill(rule: str, victim: dict[str, Any]) -> str:
         "workspace_id": victim["workspace_id"],
         "task_id": victim["id"],
         "handle": victim["creation_handle"],
+        # a parked creation's settling routes name the victim's identity
+        "identity_id": identity_id(uuid.UUID(victim["workspace_id"]), "VICTIM-1"),
     }
 
     def value(match: re.Match[str]) -> str:
@@ -110,6 +120,13 @@ def test_every_scoped_route_denies_another_workspace_with_404_and_leaks_nothing(
     assert after.json["title"] == "secret plans"
     assert after.json["revision"] == victim["revision"]
     assert after.json["external_id"] == "VICTIM-1"
+
+
+def test_the_whole_logs_routes_name_nothing_of_another_workspace(client, victim, intruder):
+    for rule in sorted(WHOLE_LOG):
+        reply = client.get(rule, query_string={"from": "1"}, headers=intruder)
+        assert reply.status_code in (200, 400, 404), (rule, reply.status_code, reply.json)
+        assert not leaks(reply.get_data(as_text=True), victim)
 
 
 def _admin_secret(services: Any) -> str:
