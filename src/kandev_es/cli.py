@@ -22,6 +22,7 @@ from kandev_es.cli_usage import (
     AT_LEAST_ONE,
     PORT,
     SECONDS,
+    UUID_ARGUMENT,
     OneLineUsage,
     name_store,
     open_store,
@@ -174,18 +175,14 @@ def token_list() -> None:
 
 
 @token.command("revoke")
-@click.argument("token_id")
+@click.argument("token_id", type=UUID_ARGUMENT)
 @store_options
-def token_revoke(token_id: str) -> None:
+def token_revoke(token_id: uuid.UUID) -> None:
     """Revoke the token TOKEN_ID (its id, as `token list` shows); it is refused
     from its next request."""
-    try:
-        target = uuid.UUID(token_id)
-    except ValueError:
-        raise click.BadParameter("not a UUID", param_hint="TOKEN_ID") from None
     services = open_store()
     try:
-        _emit(services.tokens.revoke(target))
+        _emit(services.tokens.revoke(token_id))
     except KandevError as error:
         raise click.ClickException(f"{error.message}: {token_id}") from None
     finally:

@@ -18,7 +18,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from kandev_es.cli_usage import open_store, store_options, workspace_id
+from kandev_es.cli_usage import UUID_ARGUMENT, open_store, store_options, workspace_id
 from kandev_es.creation.outcomes import CreateTaskResponseSchema
 from kandev_es.domain.external_id import require_external_id
 from kandev_es.domain.principal import LOCAL_CLI
@@ -177,19 +177,15 @@ def task_create(
 
 
 @task.command("get")
-@click.argument("task_id")
+@click.argument("task_id", type=UUID_ARGUMENT)
 @json_option
 @store_options
-def task_get(task_id: str, as_json: bool) -> None:
+def task_get(task_id: uuid.UUID, as_json: bool) -> None:
     """Show the task TASK_ID (its UUID), as GET /api/v1/tasks/{id} answers it
     (read from the event store: no projection lag)."""
-    try:
-        wanted = uuid.UUID(task_id)
-    except ValueError:
-        raise click.BadParameter("not a UUID", param_hint="TASK_ID") from None
     services = open_store()
     try:
-        found = task_dto(services.tasks.get(LOCAL_CLI, wanted))
+        found = task_dto(services.tasks.get(LOCAL_CLI, task_id))
     except KandevError as error:
         raise _refused(error) from None
     finally:

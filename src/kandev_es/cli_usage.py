@@ -180,6 +180,20 @@ def open_store(create_tables: bool = False) -> Services:
     return bootstrap(settings)
 
 
+class _Uuid(click.types.UUIDParameterType):
+    """An id argument: a UUID, or the one-line usage error 'not a UUID'."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        try:
+            return super().convert(value, param, ctx)
+        except click.BadParameter:
+            hint = param.human_readable_name if param is not None else None
+            raise click.BadParameter("not a UUID", ctx=ctx, param_hint=hint) from None
+
+
+UUID_ARGUMENT = _Uuid()
+
+
 def workspace_id(services: Services, value: str) -> uuid.UUID:
     """``--workspace`` as an id or a name (a name is the current workspace of that name)."""
     try:
