@@ -100,6 +100,12 @@ def median_rows(rounds: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     ]
 
 
+def median_nested(probes: list[dict[str, Any]], key: str, part: str) -> float | None:
+    """The median over the rounds of ``probe[key][part]`` (None where absent)."""
+    values = [p[key][part] for p in probes if p.get(key) and p[key][part] is not None]
+    return round(statistics.median(values), 1) if values else None
+
+
 def lag_under_load(rounds: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The rounds' projection lags under load: the median of their p50s and of
     their p99s (the p99 is what the target reads), samples and missing summed;
@@ -123,6 +129,12 @@ def lag_under_load(rounds: list[dict[str, Any]]) -> dict[str, Any] | None:
         "samples": sum(probe["samples"] for probe in probes),
         "missing": sum(probe["missing"] for probe in probes),
         "not_listed_at_once": sum(probe.get("not_listed_at_once", 0) for probe in probes),
+        "first_poll_had_it": sum(probe.get("first_poll_had_it", 0) for probe in probes),
+        "polls_max": max(probe.get("polls_max", 0) for probe in probes),
+        "first_poll_round_trip_ms_p50": median_nested(probes, "first_poll_round_trip_ms", "p50"),
+        "first_poll_round_trip_ms_p99": median_nested(probes, "first_poll_round_trip_ms", "p99"),
+        "created_round_trip_ms_p50": median_nested(probes, "created_round_trip_ms", "p50"),
+        "created_round_trip_ms_p99": median_nested(probes, "created_round_trip_ms", "p99"),
         "failed_requests": dict(failed),
         "rounds": len(probes),
         "note": f"while kandev-es takes the {LAG_CLIENTS}-client Created load, a thread of the"
@@ -130,6 +142,9 @@ def lag_under_load(rounds: list[dict[str, Any]]) -> dict[str, Any] | None:
         " acknowledgement to its task.created in the feed over HTTP (GET .../events), and"
         " lists the workspace's tasks by its external ID right after the acknowledgement"
         " (not_listed_at_once: how many were not there); those creates count in no rate."
+        " first_poll_had_it: samples whose first poll after the acknowledgement already had"
+        " the row (the lag is then that GET's round trip); *_round_trip_ms: a feed poll's and"
+        " the probe's own Created's round trips under the same load (medians of the rounds)."
         " p50_ms and p99_ms are medians over the rounds (each round's own under 'rounds')",
     }
 

@@ -24,7 +24,8 @@ COMMITS_PER_CREATION_MAX = 2.0  # commits_per_op of the LAG_CLIENTS kandev cost 
 
 
 # Issue 34: one write transaction per creation without effects (its save; read
-# models inline, no NOTIFY): write_transactions_per_op of that cost row.
+# models inline, no NOTIFY): request_path_write_transactions_per_op of that cost
+# row (all xids less the background writers' own, counted where they commit).
 WRITE_TRANSACTIONS_PER_CREATION_MAX = 1.0
 
 
@@ -94,12 +95,19 @@ def scaling_targets(
         commits is not None and commits <= COMMITS_PER_CREATION_MAX, 1,
         f" (--cost-clients without {LAG_CLIENTS})",
     )
-    writes = None if cost is None else cost["write_transactions_per_op"]
+    # The creations' own write transactions (the request path); the total,
+    # with the background writers' commits during the load, beside it.
+    writes = None if cost is None else cost.get("request_path_write_transactions_per_op")
     result["write_transactions_per_creation"] = judged(
-        f"<= {WRITE_TRANSACTIONS_PER_CREATION_MAX}", writes,
+        f"<= {WRITE_TRANSACTIONS_PER_CREATION_MAX} (request path)", writes,
         writes is not None and writes <= WRITE_TRANSACTIONS_PER_CREATION_MAX, 1,
         f" (--cost-clients without {LAG_CLIENTS})",
     )
+    if cost is not None:
+        result["write_transactions_per_creation"].update(
+            total_with_background=cost["write_transactions_per_op"],
+            background_per_s=cost.get("background_write_transactions_per_s"),
+        )
     lag = section.get("projection_lag_under_load") or {}
     p99 = lag.get("p99_ms")
     unlisted = lag.get("not_listed_at_once")
