@@ -233,10 +233,12 @@ def test_scaling_targets_judge_the_medians_and_say_what_was_not_measured():
              "deployed_created_ratio": 0.75, "deployed_found_ratio": 1.19},
             {"clients": 64, "created_ratio": 0.79, "found_ratio": 1.1, "rounds": 3},
         ],
-        "cost_per_created": [{"clients": 16, "kandev": {"commits_per_op": 2.0,
-                                                        "write_transactions_per_op": 1.0}},
-                             {"clients": 64, "kandev": {"commits_per_op": 9.0,
-                                                        "write_transactions_per_op": 3.0}}],
+        "cost_per_created": [{"clients": 16, "kandev": {
+                                 "commits_per_op": 2.0, "write_transactions_per_op": 1.2,
+                                 "request_path_write_transactions_per_op": 1.0}},
+                             {"clients": 64, "kandev": {
+                                 "commits_per_op": 9.0, "write_transactions_per_op": 3.0,
+                                 "request_path_write_transactions_per_op": 3.0}}],
         "projection_lag_under_load": {"p99_ms": 20.0, "missing": 0, "rounds": 3,
                                       "samples": 30, "not_listed_at_once": 0},
         "checkpoint_coverage_under_load": {"p50_s": 1.1, "p99_s": 2.4, "max_s": 5.0,
