@@ -16,6 +16,7 @@ from typing import Any
 
 import psycopg
 
+from benchlib.checkpoints import CheckpointProber, coverage_under_load
 from benchlib.common import (
     LAG_CLIENTS,
     REPO,
@@ -157,9 +158,24 @@ def lag_under_load(rounds: list[dict[str, Any]]) -> dict[str, Any] | None:
     }
 
 
+class Probes:
+    """Probers that run together during a Created load (start() to stop())."""
+
+    def __init__(self, *probes: LagProber | CheckpointProber) -> None:
+        self.probes = probes
+
+    def start(self) -> None:
+        for probe in self.probes:
+            probe.start()
+
+    def stop(self) -> None:
+        for probe in self.probes:
+            probe.stop()
+
+
 def http_rates(
     port: int, token: str, workspace: uuid.UUID, clients: int, seconds: float,
-    found_outcome: str, prefix: str, during_created: LagProber | None = None,
+    found_outcome: str, prefix: str, during_created: Probes | None = None,
 ) -> tuple[float, float, Counter[str]]:
     """(created/s, found/s, failures) at ``clients`` keep-alive connections;
     ``during_created`` runs from the release of the Created load's clients to
@@ -263,18 +279,23 @@ def scaling(
                     rates: dict[str, tuple[float, float]] = {}
                     for side in order:
                         port, side_token, side_workspace, found_outcome = sides[side]
-                        prober = None
+                        prober = covers = None
                         if side == "kandev" and clients == LAG_CLIENTS:
                             prober = LagProber(port, side_token, side_workspace, url, schema)
+                            covers = CheckpointProber(port, side_token, side_workspace, url,
+                                                      schema)
                         created, found, failed = http_rates(
                             port, side_token, side_workspace, clients, seconds, found_outcome,
-                            f"SC{clients}", prober,
+                            f"SC{clients}", Probes(prober, covers) if prober and covers else None,
                         )
                         failures[side].update(failed)
                         rates[side] = (created, found)  # in the order measured
-                        if prober is not None:
+                        if prober is not None and covers is not None:
                             this["projection_lag_under_load"] = {
                                 "clients": clients, **prober.result(),
+                            }
+                            this["checkpoint_coverage_under_load"] = {
+                                "clients": clients, **covers.result(),
                             }
                     this["http"].append(rate_row(clients, rates))
                 rounds_run.append(this)
@@ -315,6 +336,12 @@ def scaling(
     under_load = lag_under_load(rounds_run)
     if under_load is not None:
         section["projection_lag_under_load"] = under_load
+    coverage = coverage_under_load(rounds_run)
+    if coverage is not None:
+        section["checkpoint_coverage_under_load"] = coverage
+        say(f"checkpoint coverage under the {LAG_CLIENTS}-client Created load: p50"
+            f" {coverage['p50_s']} s, p99 {coverage['p99_s']} s, max {coverage['max_s']} s"
+            f" ({coverage['samples']} samples, {coverage['missing']} missing)")
     if cost_clients:
         section.update(costs)
         section["servers"] = same_servers(costs)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from benchlib.checkpoints import COVER_TARGET_S
 from benchlib.common import LAG_CLIENTS
 
 TARGETS = {"found_in_process": 0.5, "created_in_process": 0.33}
@@ -67,7 +68,8 @@ def scaling_targets(
     commits per creation <= 2 (the 16-client kandev-es cost row); projection lag
     p99 <= 20 ms during the 16-client Created load (median of the rounds' p99s);
     in-process Found >= 0.5x and Created >= 0.33x the raw baselines (``in_process``,
-    None when not measured). Also issue 15's: saves at the largest count >= 0.7x raw
+    None when not measured); (issue 36) a signed checkpoint covers each sampled
+    Created within 5 s during that load. Also issue 15's: saves at the largest count >= 0.7x raw
     and >= the 1-client save rate."""
     result: dict[str, Any] = {}
     rows = {row["clients"]: row for row in section["http"]}
@@ -123,6 +125,13 @@ def scaling_targets(
         # Judged on the paged feed polled over HTTP, as the target was set;
         # what a consumer of the SSE stream saw of the same probes, beside it.
         result[key]["sse_stream_p99_ms"] = lag["stream"]["p99_ms"]
+    coverage = section.get("checkpoint_coverage_under_load") or {}
+    worst = coverage.get("max_s")
+    result["checkpoint_covers_within_5s"] = judged(  # issue 36: the largest of any round
+        f"<= {COVER_TARGET_S} s, every sample, none missing", worst,
+        worst is not None and worst <= COVER_TARGET_S and coverage.get("missing") == 0,
+        coverage.get("rounds", 0), f" (--scaling-clients without {LAG_CLIENTS})",
+    )
     result.update(in_process_targets(in_process))
     saves = section.get("store_saves") or []
     if len(saves) > 1:
