@@ -464,16 +464,19 @@ class Tasks(Application):  # type: ignore[type-arg]
             return answer
         raise Contended(contended, attempts=attempts)
 
-    def settled_head(self) -> int | None:
+    def settled_rows(
+        self, query: str, params: dict[str, Any]
+    ) -> list[tuple[Any, ...]] | None:
         """For readers of rows saves write inline out of position order (the
-        feeds): a position they may read up to, at or above every save that
-        answered before the call (``recorders.settled_head``). None: what is
-        visible is settled (SQLite's one writer commits in position order)."""
-        settled_head = getattr(self.recorder, "settled_head", None)
-        if settled_head is None:
+        feeds): the rows of ``query`` up to a position at or above every save
+        that answered before the call, and settled (``recorders.settled_rows``).
+        None: no such reader here (SQLite's one writer commits in position
+        order: what is visible is settled; read it in a transaction)."""
+        settled_rows = getattr(self.recorder, "settled_rows", None)
+        if settled_rows is None:
             return None
         with self._store_call():
-            return int(settled_head())
+            return list(settled_rows(query, params))
 
     def max_notification_id(self) -> int:
         with self._store_call():
