@@ -170,7 +170,7 @@ class HeadWatch:
                     return
             try:
                 now = head()
-            except StoreUnavailable:  # the streams' own reads say so
+            except Exception:  # the store away, a lost session: the streams' own reads say so
                 SERVER_STOPPING.wait(1.0)
                 continue
             if seen is not None and now != seen:
