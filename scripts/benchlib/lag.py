@@ -166,7 +166,7 @@ class StreamWatcher:
 
     def __init__(self, port: int, token: str, workspace: uuid.UUID, after: int) -> None:
         self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-        self.path = f"/api/v1/workspaces/{workspace}/events/stream?after={after}&max_seconds=600"
+        self.path = f"/api/v1/workspaces/{workspace}/events/stream?after={after}&max_seconds=120"
         self.token = token
         self.arrived: dict[str, float] = {}
         self.failure: str | None = None

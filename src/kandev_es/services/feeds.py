@@ -25,8 +25,12 @@ MAX_STREAM_SECONDS = 3600.0
 HEARTBEAT_SECONDS = 5.0
 # While streams are open in a process, how often it looks at the log's head
 # for saves of other processes and nodes (HeadWatch): the most that adds to
-# an event's way to a stream; its own saves wake the streams as they commit.
+# an event's way to a stream while saves come; after the log has been still,
+# less often (doubling up to WATCH_IDLE_SECONDS: an idle server's open streams
+# cost it some twenty small statements a second). Its own saves wake the
+# streams as they commit.
 WATCH_SECONDS = 0.005
+WATCH_IDLE_SECONDS = 0.05
 
 # Why a stream's caller may no longer read it ("token revoked", "workspace
 # deleted"), or None while it still may: asked afresh of the store.
@@ -126,7 +130,8 @@ def feed_page(
 class HeadWatch:
     """Saves of other processes and nodes, for the open streams of this one:
     while any is open, one thread reads the head of the log every
-    WATCH_SECONDS (one small statement) and rings the save bell when it moved.
+    WATCH_SECONDS while it moves, up to WATCH_IDLE_SECONDS while it is still
+    (one small statement each), and rings the save bell when it moved.
     This process's own saves ring it as they commit (storage/notifier.py)."""
 
     def __init__(self, bell: SaveBell = SAVES) -> None:
@@ -157,6 +162,7 @@ class HeadWatch:
 
     def _run(self, head: Callable[[], int]) -> None:
         seen: int | None = None
+        pause = WATCH_SECONDS
         while True:
             with self._lock:
                 if self._streams <= 0:
@@ -164,13 +170,16 @@ class HeadWatch:
                     return
             try:
                 now = head()
-            except StoreUnavailable:  # the streams' own reads say so
+            except Exception:  # the store away, a lost session: the streams' own reads say so
                 SERVER_STOPPING.wait(1.0)
                 continue
             if seen is not None and now != seen:
                 self._bell.ring()
+                pause = WATCH_SECONDS
+            else:  # a still log: look less often, up to WATCH_IDLE_SECONDS
+                pause = min(pause * 2, WATCH_IDLE_SECONDS)
             seen = now
-            SERVER_STOPPING.wait(WATCH_SECONDS)
+            SERVER_STOPPING.wait(pause)
 
 
 HEAD_WATCH = HeadWatch()  # one per process
