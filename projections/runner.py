@@ -40,8 +40,9 @@ IDLE_RECHECK_SECONDS = 1.0
 # An inline projection (``inline = True``: written in each save's transaction,
 # projections/inline.py) is never applied here; a pass only moves its tracked
 # position up to the settled head, at most this often, so the tracking rows
-# say how far the read models are complete without a commit per pass.
-INLINE_TRACKING_SECONDS = 0.5
+# say how far the read models are complete without a commit per pass: at most
+# one write transaction a second, none while nothing is saved.
+INLINE_TRACKING_SECONDS = 1.0
 
 
 def is_inline(projection: Projection) -> bool:
@@ -181,14 +182,16 @@ class ProjectionRunner:
         marks = ", ".join("?" for _ in inline)
         try:
             with self.database.transaction() as tx:
-                tx.execute(
+                moved = tx.execute(
                     "UPDATE projection_tracking SET position = ?"
-                    f" WHERE name IN ({marks}) AND position < ?",
+                    f" WHERE name IN ({marks}) AND position < ? RETURNING name",
                     (settled, *inline, settled),
                 )
         except Exception as error:
             failures["inline"] = error
             return
+        if moved:
+            metrics.record_background_write("projections")
         self._inline_written, self._inline_due = now, False
         self._inline_position = settled
 
@@ -416,7 +419,12 @@ class ProjectionRunner:
                     if read < self._batch_size:
                         self._stop.wait(GATHER_SECONDS)
                     continue
-                if behind and pause < poll_seconds:
+                if not self.asynchronous():
+                    # Nothing to apply: a pass only moves the inline positions,
+                    # at most every INLINE_TRACKING_SECONDS; waking sooner
+                    # would only read the head again.
+                    waker.wait(max(poll_seconds, INLINE_TRACKING_SECONDS), self._stop)
+                elif behind and pause < poll_seconds:
                     # Events above the settled position wait for an older
                     # transaction, which may not NOTIFY when it ends: look again soon.
                     self._stop.wait(pause)

@@ -5,7 +5,10 @@ workers' samplers (scripts/cost_sampler.py), with commits and pool waits."""
 from __future__ import annotations
 
 import json
+import re
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections import Counter
 from collections.abc import Callable
@@ -98,12 +101,14 @@ def cost_window(
         time.sleep(4 * 0.05)  # the workers poll the phase every 50 ms
         readings["server"] = family_cpu(master)
         readings["postgres"] = pg.cpu()
+        readings["background"] = background_writes(server.port)
         readings["xids"] = pg.counters()[1]
 
     def stopped() -> None:
         readings["server_after"] = family_cpu(master)
         readings["postgres_after"] = pg.cpu()
         readings["xids_after"] = pg.counters()[1]
+        readings["background_after"] = background_writes(server.port)
         set_phase(directory, "")
 
     # PostgreSQL flushes an idle backend's counters within 10 s: a settle for
@@ -148,9 +153,7 @@ def cost_window(
             max(0.0, commits_after - commits_before - background) / requests, 2
         ),
         "background_commits_per_s": round(background_per_s, 1),
-        "write_transactions_per_op": round(
-            (readings["xids_after"] - readings["xids"]) / requests, 2
-        ),
+        **write_transactions(readings, requests, elapsed),
         # Where a request's time goes, not only its CPU: per request, ms spent in
         # each component (exclusive wall time, CPU and waiting: I/O, a pooled
         # connection, a lock, the GIL) and in the app as a whole (Flask's
@@ -171,6 +174,46 @@ def cost_window(
         },
         "workers": facts,
     }
+
+
+BACKGROUND_WRITES = re.compile(
+    r'^kandev_background_write_transactions_total\{writer="(\w+)"\} ([0-9.e+]+)$', re.M
+)
+
+
+def background_writes(port: int) -> dict[str, float] | None:
+    """The server's background writers' write transactions so far, by writer
+    (``kandev_background_write_transactions_total`` at /metrics, every worker
+    added up); None from a server that does not count them (the peer)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+            text = answer.read().decode()
+    except urllib.error.HTTPError:
+        return None
+    if "kandev_background_write_transactions" not in text:
+        return None
+    return {writer: float(value) for writer, value in BACKGROUND_WRITES.findall(text)}
+
+
+def write_transactions(
+    readings: dict[str, Any], requests: int, elapsed: float
+) -> dict[str, Any]:
+    """Write transactions (xids assigned, exact) per request: in all, and the
+    requests' own — all less those the background writers counted where they
+    committed, read from /metrics just inside the xid readings."""
+    total = readings["xids_after"] - readings["xids"]
+    result: dict[str, Any] = {"write_transactions_per_op": round(total / requests, 3)}
+    before, after = readings.get("background"), readings.get("background_after")
+    if before is None or after is None:
+        return result
+    background = {w: after.get(w, 0.0) - before.get(w, 0.0) for w in after}
+    spent = sum(background.values())
+    result["request_path_write_transactions_per_op"] = round((total - spent) / requests, 3)
+    result["background_write_transactions_per_s"] = {
+        "all": round(spent / elapsed, 2),
+        **{w: round(n / elapsed, 2) for w, n in sorted(background.items())},
+    }
+    return result
 
 
 def created_body(workspace: uuid.UUID) -> Callable[[], dict[str, Any]]:
@@ -246,7 +289,12 @@ COST_NOTE = (
     " pg_stat_database.xact_commit across the load and --cost-settle seconds before and"
     " after (backends flush their counters within 10 s when idle; read-only statements"
     " count), less the idle servers' own rate (background_commits_per_s, measured over a"
-    " second settle before the load); write_transactions_per_op: xids assigned (exact)."
+    " second settle before the load); write_transactions_per_op: xids assigned (exact)"
+    " across the load; request_path_write_transactions_per_op: those less the ones the"
+    " server's background writers committed meanwhile (the projection loop's tracked"
+    " positions, the ledger's sequencer and checkpoints), which count each where it commits"
+    " (kandev_background_write_transactions_total at /metrics, read just inside the xid"
+    " readings): background_write_transactions_per_s."
     " pool: psycopg_pool checkouts and waits for a connection per request. wall_ms_per_op:"
     " per request, ms of thread time spent in each component (CPU and waiting: I/O, a"
     " pooled connection, a lock, the GIL); app_ms_per_op: in Flask's wsgi_app as a whole;"

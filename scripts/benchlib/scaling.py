@@ -16,6 +16,7 @@ from typing import Any
 
 import psycopg
 
+from benchlib.checkpoints import CheckpointProber, coverage_under_load
 from benchlib.common import (
     LAG_CLIENTS,
     REPO,
@@ -99,6 +100,12 @@ def median_rows(rounds: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     ]
 
 
+def median_nested(probes: list[dict[str, Any]], key: str, part: str) -> float | None:
+    """The median over the rounds of ``probe[key][part]`` (None where absent)."""
+    values = [p[key][part] for p in probes if p.get(key) and p[key][part] is not None]
+    return round(statistics.median(values), 1) if values else None
+
+
 def lag_under_load(rounds: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The rounds' projection lags under load: the median of their p50s and of
     their p99s (the p99 is what the target reads), samples and missing summed;
@@ -122,20 +129,53 @@ def lag_under_load(rounds: list[dict[str, Any]]) -> dict[str, Any] | None:
         "samples": sum(probe["samples"] for probe in probes),
         "missing": sum(probe["missing"] for probe in probes),
         "not_listed_at_once": sum(probe.get("not_listed_at_once", 0) for probe in probes),
+        "first_poll_had_it": sum(probe.get("first_poll_had_it", 0) for probe in probes),
+        "polls_max": max(probe.get("polls_max", 0) for probe in probes),
+        "first_poll_round_trip_ms_p50": median_nested(probes, "first_poll_round_trip_ms", "p50"),
+        "first_poll_round_trip_ms_p99": median_nested(probes, "first_poll_round_trip_ms", "p99"),
+        "created_round_trip_ms_p50": median_nested(probes, "created_round_trip_ms", "p50"),
+        "created_round_trip_ms_p99": median_nested(probes, "created_round_trip_ms", "p99"),
         "failed_requests": dict(failed),
+        "stream": {
+            "p50_ms": median_nested(probes, "stream", "p50_ms"),
+            "p99_ms": median_nested(probes, "stream", "p99_ms"),
+            "samples": sum((probe.get("stream") or {}).get("samples", 0) for probe in probes),
+            "missing": sum((probe.get("stream") or {}).get("missing", 0) for probe in probes),
+        },
         "rounds": len(probes),
         "note": f"while kandev-es takes the {LAG_CLIENTS}-client Created load, a thread of the"
         " bench creates its own tasks one at a time (20 ms apart) and times each from the HTTP"
         " acknowledgement to its task.created in the feed over HTTP (GET .../events), and"
         " lists the workspace's tasks by its external ID right after the acknowledgement"
         " (not_listed_at_once: how many were not there); those creates count in no rate."
+        " first_poll_had_it: samples whose first poll after the acknowledgement already had"
+        " the row (the lag is then that GET's round trip); *_round_trip_ms: a feed poll's and"
+        " the probe's own Created's round trips under the same load (medians of the rounds)."
+        " stream: the same probes' task.created as a consumer of the SSE stream"
+        " (GET .../events/stream, opened at the start of the load) received them, ms after"
+        " the acknowledgement (negative: pushed before the creating client had its answer)."
         " p50_ms and p99_ms are medians over the rounds (each round's own under 'rounds')",
     }
 
 
+class Probes:
+    """Probers that run together during a Created load (start() to stop())."""
+
+    def __init__(self, *probes: LagProber | CheckpointProber) -> None:
+        self.probes = probes
+
+    def start(self) -> None:
+        for probe in self.probes:
+            probe.start()
+
+    def stop(self) -> None:
+        for probe in self.probes:
+            probe.stop()
+
+
 def http_rates(
     port: int, token: str, workspace: uuid.UUID, clients: int, seconds: float,
-    found_outcome: str, prefix: str, during_created: LagProber | None = None,
+    found_outcome: str, prefix: str, during_created: Probes | None = None,
 ) -> tuple[float, float, Counter[str]]:
     """(created/s, found/s, failures) at ``clients`` keep-alive connections;
     ``during_created`` runs from the release of the Created load's clients to
@@ -239,18 +279,23 @@ def scaling(
                     rates: dict[str, tuple[float, float]] = {}
                     for side in order:
                         port, side_token, side_workspace, found_outcome = sides[side]
-                        prober = None
+                        prober = covers = None
                         if side == "kandev" and clients == LAG_CLIENTS:
                             prober = LagProber(port, side_token, side_workspace, url, schema)
+                            covers = CheckpointProber(port, side_token, side_workspace, url,
+                                                      schema)
                         created, found, failed = http_rates(
                             port, side_token, side_workspace, clients, seconds, found_outcome,
-                            f"SC{clients}", prober,
+                            f"SC{clients}", Probes(prober, covers) if prober and covers else None,
                         )
                         failures[side].update(failed)
                         rates[side] = (created, found)  # in the order measured
-                        if prober is not None:
+                        if prober is not None and covers is not None:
                             this["projection_lag_under_load"] = {
                                 "clients": clients, **prober.result(),
+                            }
+                            this["checkpoint_coverage_under_load"] = {
+                                "clients": clients, **covers.result(),
                             }
                     this["http"].append(rate_row(clients, rates))
                 rounds_run.append(this)
@@ -291,6 +336,12 @@ def scaling(
     under_load = lag_under_load(rounds_run)
     if under_load is not None:
         section["projection_lag_under_load"] = under_load
+    coverage = coverage_under_load(rounds_run)
+    if coverage is not None:
+        section["checkpoint_coverage_under_load"] = coverage
+        say(f"checkpoint coverage under the {LAG_CLIENTS}-client Created load: p50"
+            f" {coverage['p50_s']} s, p99 {coverage['p99_s']} s, max {coverage['max_s']} s"
+            f" ({coverage['samples']} samples, {coverage['missing']} missing)")
     if cost_clients:
         section.update(costs)
         section["servers"] = same_servers(costs)

@@ -361,6 +361,8 @@ def mcp_server(over_http: bool, host: str, port: int) -> None:
     from kandev_es.config import take_mcp_token
     from kandev_es.mcp.server import serve_http, serve_stdio
 
+    if over_http:
+        require_free_address(host, port)  # before the store is opened or created
     token = take_mcp_token()
     settings = store_settings(create_tables=True)
     services = bootstrap(settings)

@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from kandev_es.cli_usage import open_store, store_options, workspace_id
+from kandev_es.cli_usage import UUID_ARGUMENT, open_store, store_options, workspace_id
 from kandev_es.errors import KandevError
 
 
@@ -41,7 +41,7 @@ def parked_list(workspace: str | None) -> None:
 def _settle_command(action: str, summary: str) -> click.Command:
     @click.command(action, help=summary)
     @click.option("--workspace", required=True, help="workspace id or name")
-    @click.argument("identity_id", type=click.UUID)
+    @click.argument("identity_id", type=UUID_ARGUMENT)
     @click.option(
         "--operation-id", required=True, help="stable id: a replay returns the same result"
     )

@@ -61,6 +61,7 @@ class Instruments:
     projection_failures: Counter
     recoveries: Counter
     projection_leader: Gauge
+    background_writes: Counter
 
 
 _lock = threading.Lock()
@@ -200,6 +201,12 @@ def _store_and_runtime_instruments(registry: CollectorRegistry) -> dict[str, Any
             " that leads, else 0 (summed over live workers).",
             registry=registry, multiprocess_mode="livesum",
         ),
+        "background_writes": Counter(
+            "kandev_background_write_transactions",
+            "Write transactions committed by background writers, not by a request:"
+            " the projection loop's tracked positions, the ledger's sequencer.",
+            ["writer"], registry=registry,
+        ),
     }
 
 
@@ -270,6 +277,11 @@ def record_pool_wait() -> None:
 
 def record_recovery(result: str) -> None:
     instruments().recoveries.labels(result).inc()
+
+
+def record_background_write(writer: str) -> None:
+    """A background writer (``projections``, ``ledger``) committed a write."""
+    instruments().background_writes.labels(writer).inc()
 
 
 def projection_leadership(gained: bool) -> None:

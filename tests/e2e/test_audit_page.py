@@ -8,7 +8,11 @@ link's secret never reaches the server's log."""
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+import sys
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -17,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.chromium import Chromium, find_chromium, png_pixel, png_size
+from tests.support.chromium import Chromium, Devtools, find_chromium, png_pixel, png_size
 from tests.support.served import ServedProcess, http, run_cli
 
 HOSTILE_ID = '<script>alert("id")</script>JIRA-9'
@@ -108,7 +112,8 @@ def _two_tenures(server: ServedProcess) -> dict[str, Any]:
     assert http("POST", server.base + "/api/v1/tasks", server.token, other).status == 200
     tokens = http("GET", server.base + "/api/v1/tokens", server.token).body["tokens"]
     (operator_id,) = [t["id"] for t in tokens if t["label"] == "auditor test"]
-    return {"first": first.body, "second": second.body, "operator_id": operator_id}
+    return {"first": first.body, "second": second.body, "operator_id": operator_id,
+            "operator": operator.body["token"]}
 
 
 def _text(dom: str) -> str:
@@ -138,6 +143,8 @@ def test_a_person_sees_each_tenure_release_actor_task_and_hostile_text_as_text(
     tenure_2 = dom[dom.index('id="tenure-2"') : dom.index('class="tasks"')]
     assert f'href="#task-{made["second"]["id"]}"' in tenure_2
     assert "/api/v1/" not in dom, "no link on the page needs a bearer token"
+    assert "proof-download" not in dom, "a link's reader sees the redacted view: no bundle"
+    assert "kandev-es identity history --proof" in _text(dom)
     for task in (made["first"], made["second"]):  # a release leaves its task be
         card = dom[dom.index(f'id="task-{task["id"]}"') :]
         card = _text(card[: card.index("</section>")])
@@ -196,3 +203,66 @@ def test_an_expired_link_and_a_link_for_another_identity_are_refused(settings, s
     assert _status(api, {"Authorization": f"Bearer {secret}"})[0] == 404
     # And the valid link still works for its own identity.
     assert _status(link)[0] == 200
+
+
+def _covered_by_a_checkpoint(server: ServedProcess, token: str, seconds: float = 30.0) -> int:
+    """Until the served sequencer signed a checkpoint covering every event of
+    the identity (every 2 s by default): the number of its events."""
+    query = urllib.parse.urlencode({"external_id": HOSTILE_ID, "proof": "1"})
+    url = f"{server.base}/api/v1/workspaces/{server.workspace_id}/identities/history?{query}"
+    deadline = time.monotonic() + seconds
+    while True:
+        answer = http("GET", url, token)
+        if answer.status == 200:
+            events = answer.body["proof"]["events"]
+            if all(event["inclusion"] for event in events):  # more than one leaf: never []
+                return len(events)
+        assert time.monotonic() < deadline, f"no checkpoint covers the identity: {answer.body}"
+        time.sleep(0.2)
+
+
+def _downloaded(folder: Path, seconds: float = 30.0) -> Path:
+    deadline = time.monotonic() + seconds
+    while True:
+        done = [f for f in folder.glob("*.json") if not f.name.endswith(".crdownload")]
+        if done:
+            return done[0]
+        assert time.monotonic() < deadline, f"nothing downloaded: {list(folder.iterdir())}"
+        time.sleep(0.1)
+
+
+def test_an_operator_downloads_the_proof_bundle_the_offline_verifier_accepts(
+    settings, server, tmp_path
+):
+    made = _two_tenures(server)
+    events = _covered_by_a_checkpoint(server, made["operator"])
+    keyring = tmp_path / "keyring.json"  # the public key only, as an auditor gets it
+    printed = run_cli(settings, "audit", "keyring")
+    assert printed.returncode == 0, printed.stderr
+    keyring.write_text(printed.stdout)
+    assert "PRIVATE" not in printed.stdout, "a signed-note private key never leaves the server"
+    query = urllib.parse.urlencode({"workspace": server.workspace_id, "external_id": HOSTILE_ID})
+    downloads = tmp_path / "downloads"
+    downloads.mkdir()
+    browser = Devtools(find_chromium(), tmp_path)
+    try:
+        # The operator's browser sends its bearer token (as a signing-in proxy would).
+        browser.call("Network.setExtraHTTPHeaders", session=browser.session,
+                     headers={"Authorization": f"Bearer {made['operator']}"})
+        browser.call("Browser.setDownloadBehavior", behavior="allow",
+                     downloadPath=str(downloads))
+        browser.open(f"{server.base}/audit/identities?{query}")
+        ledger = browser.evaluate("document.querySelector('.ledger-state').textContent")
+        assert f"all {events} events verified up to the checkpoint" in ledger, ledger
+        browser.click("a.proof-download")
+        bundle = _downloaded(downloads)
+    finally:
+        browser.close()
+    assert bundle.name.startswith("proof-") and json.loads(bundle.read_text())["external_id"] \
+        == HOSTILE_ID
+    verifier = Path(sys.executable).parent / "kandev-es-verify"
+    checked = subprocess.run([str(verifier), "bundle", str(bundle), "--keyring", str(keyring)],
+                             capture_output=True, text=True, timeout=60)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    lines = checked.stdout.splitlines()
+    assert lines[-1] == "OK" and sum(": verified" in line for line in lines) == events, lines

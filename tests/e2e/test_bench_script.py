@@ -136,6 +136,10 @@ def test_scaling_rounds_alternate_the_servers_and_report_medians_with_the_lag_un
         assert probe["not_listed_at_once"] == 0, probe  # read your writes, every sample
         assert probe["failed_requests"] == {}
         assert probe["p50_ms"] <= probe["p99_ms"]
+        covers = run["checkpoint_coverage_under_load"]  # the ledger's signed checkpoints
+        assert covers["clients"] == 16 and covers["failed_requests"] == {}, covers
+        assert covers["samples"] >= 1 and covers["missing"] == 0, covers
+        assert 0 < covers["p50_s"] <= covers["p99_s"] <= covers["max_s"], covers
     assert len(report["load_before"]) == 3
 
     assert [row["clients"] for row in scaling["http"]] == [1, 16]
@@ -169,6 +173,12 @@ def test_scaling_rounds_alternate_the_servers_and_report_medians_with_the_lag_un
         measured = at_16[f"deployed_{kind}_ratio"]
         assert targets[f"{kind}_vs_peer_on_gthread_at_16"] == {
             "target": f">= {floor}", "measured": measured, "met": measured >= floor, "rounds": 3}
+    coverage = scaling["checkpoint_coverage_under_load"]
+    assert coverage["rounds"] == 3 and coverage["max_s"] == max(
+        run["checkpoint_coverage_under_load"]["max_s"] for run in rounds)
+    assert targets["checkpoint_covers_within_5s"] == {
+        "target": "<= 5.0 s, every sample, none missing", "measured": coverage["max_s"],
+        "met": coverage["max_s"] <= 5.0, "rounds": 3}
     lag = targets["projection_lag_p99_ms_under_16_client_created_load"]
     assert lag["measured"] == under_load["p99_ms"] and lag["rounds"] == 3
     assert lag["met"] is (under_load["p99_ms"] <= 20)
@@ -235,12 +245,16 @@ def test_scaling_targets_judge_the_medians_and_say_what_was_not_measured():
              "deployed_created_ratio": 0.75, "deployed_found_ratio": 1.19},
             {"clients": 64, "created_ratio": 0.79, "found_ratio": 1.1, "rounds": 3},
         ],
-        "cost_per_created": [{"clients": 16, "kandev": {"commits_per_op": 2.0,
-                                                        "write_transactions_per_op": 1.0}},
-                             {"clients": 64, "kandev": {"commits_per_op": 9.0,
-                                                        "write_transactions_per_op": 3.0}}],
+        "cost_per_created": [{"clients": 16, "kandev": {
+                                 "commits_per_op": 2.0, "write_transactions_per_op": 1.2,
+                                 "request_path_write_transactions_per_op": 1.0}},
+                             {"clients": 64, "kandev": {
+                                 "commits_per_op": 9.0, "write_transactions_per_op": 3.0,
+                                 "request_path_write_transactions_per_op": 3.0}}],
         "projection_lag_under_load": {"p99_ms": 20.0, "missing": 0, "rounds": 3,
                                       "samples": 30, "not_listed_at_once": 0},
+        "checkpoint_coverage_under_load": {"p50_s": 1.1, "p99_s": 2.4, "max_s": 5.0,
+                                           "missing": 0, "rounds": 3, "samples": 90},
     }
     in_process = {"found_ratio": 0.49, "created_ratio": 0.33}
     targets = judge.scaling_targets(section, in_process)
@@ -253,6 +267,7 @@ def test_scaling_targets_judge_the_medians_and_say_what_was_not_measured():
         "commits_per_creation": True, "write_transactions_per_creation": True,
         "projection_lag_p99_ms_under_16_client_created_load": True,
         "listed_right_after_created_under_16_client_load": True,
+        "checkpoint_covers_within_5s": True,
         "found_in_process_vs_raw_select": False, "created_in_process_vs_raw_insert_tx": True,
     }
     assert targets["created_vs_peer_at_64"]["rounds"] == 3
@@ -269,10 +284,16 @@ def test_scaling_targets_judge_the_medians_and_say_what_was_not_measured():
     section["projection_lag_under_load"]["missing"] = 1
     assert not judge.scaling_targets(section)[
         "projection_lag_p99_ms_under_16_client_created_load"]["met"]
+    # a checkpoint later than 5 s, or a sample never covered, fails the coverage target
+    section["checkpoint_coverage_under_load"]["max_s"] = 5.01
+    assert not judge.scaling_targets(section)["checkpoint_covers_within_5s"]["met"]
+    section["checkpoint_coverage_under_load"].update(max_s=1.0, missing=1)
+    assert not judge.scaling_targets(section)["checkpoint_covers_within_5s"]["met"]
     # nothing measured at 64 clients, no cost rows, no probe, no in-process
     bare = judge.scaling_targets({"http": section["http"][:1]})
     for name in ("created_vs_peer_at_64", "commits_per_creation",
                  "projection_lag_p99_ms_under_16_client_created_load",
+                 "checkpoint_covers_within_5s",
                  "created_in_process_vs_raw_insert_tx"):
         assert bare[name]["measured"] is None and bare[name]["met"] is None, name
 

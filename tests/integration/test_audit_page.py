@@ -1,26 +1,33 @@
 """The auditor's page, both backends: who may see it (admin, operator of the
 workspace, or an audit link for exactly that identity until it expires; a member
 gets 403 operator_required, anyone else 404 identity not found), typed 400s for
-bad query input that change nothing, strict headers, and everything autoescaped.
-The browser's view is tests/e2e/test_audit_page.py."""
+bad query input that change nothing, strict headers, and everything autoescaped;
+the proof bundle it offers goes only to whoever reads the full history. The
+browser's view is tests/e2e/test_audit_page.py."""
 
 from __future__ import annotations
 
+import html as html_text
 import json
 import re
+import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from urllib.parse import parse_qsl
 
 import pytest
+from kandev_es_client.ledger import verify_bundle
 
 from kandev_es.api.audit_page import CSP
 from kandev_es.domain.identity import Identity
+from kandev_es.services import ledger
 from kandev_es.services.audit_links import LINK_PARAMETER, AuditLinkService
 from tests.conftest import bearer
 from tests.integration.helpers import create, start_unsettled_creation
 
 PAGE = "/audit/identities"
+PROOF = "/audit/identities/proof"
 HOSTILE = "<script>alert(1)</script>&\"'"
 
 
@@ -270,9 +277,95 @@ def test_each_tenure_links_to_its_task_on_the_page_itself(
     html = _page(client, _query(workspace), admin[1]).get_data(as_text=True)
     assert "/api/v1/" not in html, "no link needs a bearer token"
     hrefs = re.findall(r'href="([^"]*)"', html)
-    assert hrefs == ["/audit/static/audit.css", f"#task-{identity['id']}"], hrefs
+    assert hrefs[0] == "/audit/static/audit.css" and hrefs[2:] == [f"#task-{identity['id']}"]
+    path, _, query = html_text.unescape(hrefs[1]).partition("?")
+    assert path == PROOF and dict(parse_qsl(query)) == _query(workspace), "the bundle's link"
     section = html[html.index(f'id="task-{identity["id"]}"') :]
     section = section[: section.index("</section>")]
     for fact in (identity["identifier"], identity["id"], "active", "default", "review"):
         assert fact in section, fact
     assert "title &lt;script&gt;alert(1)&lt;/script&gt;" in section and "<script" not in section
+
+
+def test_the_proof_bundle_goes_to_whoever_reads_the_full_history_and_verifies_offline(
+    client, services, workspace, identity
+):
+    """The bundle holds the events unredacted: an admin or an operator of the
+    workspace (who read the full history as JSON too) download it, the very
+    bundle the JSON route serves, and the verifier checks it with only the
+    public key; an audit link (a redacted reader) and a member get 403
+    operator_required, anyone else 404; bad input is a typed 400."""
+    operator, _ = services.tokens.issue(workspace_id=workspace.id, admin=False, role="operator")
+    assert client.get(PROOF, query_string=_query(workspace),
+                      headers=bearer(operator)).status_code == 404  # no checkpoint signed yet
+    _checkpoint_covering(services, workspace)
+    link = services.audit_links.issue("http://x", workspace.id, HOSTILE, issued_by="test")
+    secret = link.url.rsplit(f"{LINK_PARAMETER}=", 1)[1]
+    other = services.workspaces.open("elsewhere", "ELS")
+    callers = {
+        "admin": (services.tokens.issue(workspace_id=None, admin=True)[0], {}),
+        "operator": (operator, {}),
+        "member": (services.tokens.issue(workspace_id=workspace.id, admin=False)[0], {}),
+        "audit link": (None, {LINK_PARAMETER: secret}),
+        "other operator": (services.tokens.issue(
+            workspace_id=other.id, admin=False, role="operator")[0], {}),
+        "no token": (None, {}),
+    }
+    answers, codes, bodies = {}, {}, {}
+    for name, (token, extra) in callers.items():
+        reply = client.get(PROOF, query_string=_query(workspace, **extra),
+                           headers=bearer(token) if token else {})
+        answers[name] = reply.status_code
+        text = reply.get_data(as_text=True)
+        codes[name] = re.findall(r'class="error-code">([^<]*)<', text)
+        bodies[name] = reply
+        assert reply.headers["Content-Security-Policy"] == CSP
+    assert answers == {"admin": 200, "operator": 200, "member": 403, "audit link": 403,
+                       "other operator": 404, "no token": 404}
+    assert codes["member"] == codes["audit link"] == ["operator_required"]
+    assert codes["no token"] == codes["other operator"] == ["identity not found"]
+    assert HOSTILE not in bodies["audit link"].get_data(as_text=True)
+
+    downloaded = bodies["operator"]
+    assert downloaded.mimetype == "application/json"
+    disposition = downloaded.headers["Content-Disposition"]
+    assert disposition == f'attachment; filename="proof-{identity_stream(workspace)}.json"'
+    bundle = downloaded.json
+    keyring = ledger.keyring_of(ledger.load_signer(services.settings))
+    report = verify_bundle(bundle, keyring)
+    assert report.ok and {f.status for f in report.findings} == {"verified"}, report.lines()
+    history = client.get(f"/api/v1/workspaces/{workspace.id}/identities/history",
+                         query_string={"external_id": HOSTILE, "proof": "1"},
+                         headers=bearer(operator))
+    assert history.json["proof"] == bundle, "one bundle, whichever way it is fetched"
+
+    offered = _page(client, _query(workspace), operator).get_data(as_text=True)
+    assert 'class="proof-download"' in offered
+    withheld = _page(client, _query(workspace, **{LINK_PARAMETER: secret})).get_data(as_text=True)
+    assert "proof-download" not in withheld and 'class="proof proof-withheld"' in withheld
+    for query, code in (({"external_id": "X"}, "bad_request"),
+                        ({"workspace": str(workspace.id), "external_id": " "},
+                         "invalid_external_id")):
+        refused = client.get(PROOF, query_string=query, headers=bearer(operator))
+        assert refused.status_code == 400 and code in refused.get_data(as_text=True)
+
+
+def _checkpoint_covering(services: Any, workspace: Any, seconds: float = 20.0) -> None:
+    """Sequence and sign until a checkpoint covers every event of the identity:
+    on a busy shared PostgreSQL the settled prefix may trail a commit a moment."""
+    keyring = ledger.keyring_of(ledger.load_signer(services.settings))
+    deadline = time.monotonic() + seconds
+    while True:
+        services.ledger.catch_up()
+        bundle = ledger.proof_bundle(services.app, services.database, workspace.id, HOSTILE)
+        size = keyring.open_checkpoint(bundle["checkpoint"]).size
+        if all(e["leaf_index"] is not None and e["leaf_index"] < size for e in bundle["events"]):
+            return
+        assert time.monotonic() < deadline, "no checkpoint covers the identity's events"
+        time.sleep(0.05)
+
+
+def identity_stream(workspace: Any) -> uuid.UUID:
+    from kandev_es.domain.external_id import identity_id
+
+    return identity_id(workspace.id, HOSTILE)

@@ -163,3 +163,45 @@ def test_the_routes_serve_proofs_checkpoints_and_typed_refusals(
     TAMPERING["edit"](services, identity_id(workspace.id, "ROUTE-1"))
     shown = client.get(page, headers=bearer(operator[1])).get_data(as_text=True)
     assert "FAILED against the checkpoint" in shown and "v2" in shown
+
+
+def ledger_writes() -> float:
+    """The background writes the ledger counted in this process (/metrics)."""
+    from kandev_es import metrics
+
+    value = metrics.instruments().registry.get_sample_value(
+        "kandev_background_write_transactions_total", {"writer": "ledger"}
+    )
+    return value or 0.0
+
+
+def test_a_sequencer_pass_appends_and_signs_in_one_write_and_an_idle_pass_writes_nothing(
+    services, workspace, member
+):
+    import dataclasses
+
+    # A checkpoint is due at every event, so the pass that appends signs too.
+    sequencer = ledger.Sequencer(
+        services.app, services.database,
+        dataclasses.replace(services.settings, ledger_checkpoint_events=1),
+    )
+    sequencer.catch_up()
+    writes = ledger_writes()
+    assert (sequencer.run_once(), sequencer.checkpoint_if_due()) == (0, None)
+    assert ledger_writes() == writes
+
+    assert create(services_client(services), member[1], external_id="SEQ-1",
+                  title="SEQ-1").status_code == 200
+    assert sequencer.run_once() == 4  # an effect-free creation's four events
+    assert ledger_writes() == writes + 1
+    with services.database.transaction() as tx:
+        size, _ = ledger.store.tree_head(tx)
+        assert ledger.store.latest_checkpoint(tx)[0] == size
+        if services.database.backend == "postgres":  # one transaction wrote both
+            [(leaf_xmin,)] = tx.execute(
+                "SELECT xmin::text FROM ledger_leaves ORDER BY leaf_index DESC LIMIT 1")
+            [(checkpoint_xmin,)] = tx.execute(
+                "SELECT xmin::text FROM ledger_checkpoints ORDER BY tree_size DESC LIMIT 1")
+            assert leaf_xmin == checkpoint_xmin
+    assert (sequencer.run_once(), sequencer.checkpoint_if_due()) == (0, None)
+    assert ledger_writes() == writes + 1

@@ -263,3 +263,40 @@ def test_catch_up_ends_at_its_head_while_writes_go_on(services, workspace):
     assert runner.position("chaser") >= head
     # Each batch saved one more event; chasing them would have gone on to the cap.
     assert chaser.writes < chaser.cap
+
+
+def _background_writes(writer: str) -> float:
+    from kandev_es import metrics
+
+    value = metrics.instruments().registry.get_sample_value(
+        "kandev_background_write_transactions_total", {"writer": writer}
+    )
+    return value or 0.0
+
+
+def test_inline_positions_are_written_once_per_move_and_counted(
+    client, services, member, monkeypatch
+):
+    """The loop moves the inline projections' positions to the settled head
+    in a transaction of its own only when they moved (each one counted as a
+    background write, as /metrics shows), never for a pass with nothing new."""
+    from kandev_es.projections import runner as loop
+
+    monkeypatch.setattr(loop, "INLINE_TRACKING_SECONDS", 0.0)
+    runner = services.projections
+    create(client, member[1], external_id="POS-1", title="first")
+    head = services.app.max_notification_id()
+    writes = _background_writes("projections")
+
+    def positions():
+        return {runner.position(name) for name in ("tasks", "feeds")}
+
+    # Settling waits for every transaction open in the cluster (other test
+    # workers share it): the positions may take more than one move to get there.
+    assert _wait_until(lambda: (runner.run_once(), positions())[1] == {head}, 30)
+    assert _background_writes("projections") >= writes + 1
+    writes = _background_writes("projections")
+    for _ in range(3):
+        runner.run_once()
+    assert _background_writes("projections") == writes
+    assert positions() == {head}

@@ -3,7 +3,10 @@ identity's history as a server-rendered HTML timeline (no JavaScript at all).
 
 Who may look: an admin token, an operator token of that workspace (bearer
 header), or an audit link (``?audit_link=``, printed by ``identity history``)
-issued for exactly this identity and not yet expired. The API's conventions
+issued for exactly this identity and not yet expired. The identity's proof
+bundle (``GET /audit/identities/proof``, offered on the page) holds the events
+as stored, unredacted, so only those who read the full history get it (an
+admin or an operator token); an audit link's redacted reader gets 403. The API's conventions
 hold: a member of the workspace gets 403 operator_required, anyone else 404
 ``identity not found``; bad query input is a typed 400. Errors are HTML pages
 with those statuses and codes. Everything rendered is autoescaped, and a
@@ -12,19 +15,20 @@ strict CSP forbids scripts, so a hostile external id or title stays text.
 
 from __future__ import annotations
 
+import json
 import uuid
 from datetime import UTC, datetime
 
-from flask import Blueprint, Response, render_template, request
+from flask import Blueprint, Response, render_template, request, url_for
 from flask.typing import ResponseReturnValue
 
 from kandev_es.api.context import principal, services
 from kandev_es.domain.external_id import require_external_id
 from kandev_es.domain.principal import require_auditor
-from kandev_es.errors import BadRequest, KandevError, http_status
+from kandev_es.errors import BadRequest, KandevError, OperatorRequired, http_status
 from kandev_es.services.audit_links import LINK_PARAMETER
 from kandev_es.services.audit_timeline import identity_timeline
-from kandev_es.services.ledger import identity_verification
+from kandev_es.services.ledger import identity_verification, proof_bundle
 
 blp = Blueprint(
     "audit_page",
@@ -77,7 +81,35 @@ def identity_page() -> ResponseReturnValue:
     found = services()
     ledger = identity_verification(found.app, found.database, found.settings, workspace_id,
                                    external_id)
-    return _render("audit/identity.html", 200, t=timeline, ledger=ledger)
+    # Only a reader of the full history is offered the bundle (see proof_download).
+    download = url_for(".proof_download", workspace=str(workspace_id),
+                       external_id=external_id) if full else None
+    return _render("audit/identity.html", 200, t=timeline, ledger=ledger, download=download)
+
+
+@blp.get("/identities/proof")
+def proof_download() -> Response:
+    """The identity's proof bundle as a file, exactly what ``kandev-es-verify
+    bundle`` reads (the JSON route's ``proof``, the CLI's ``--proof``). It
+    carries the events' bytes as stored, unredacted (the verifier recomputes
+    their hashes from them), so it never gives more than the full history the
+    same reader gets from ``…/identities/history``: an audit link, which
+    opens only the redacted page, is refused with 403 operator_required."""
+    workspace_id = _workspace()
+    external_id = require_external_id(request.args.get("external_id"))
+    if not _authorize(workspace_id, external_id):
+        raise OperatorRequired(
+            "the proof bundle holds the events unredacted: it needs an admin token or an"
+            " operator token of the workspace, not an audit link"
+        )
+    found = services()
+    bundle = proof_bundle(found.app, found.database, workspace_id, external_id)
+    response = Response(json.dumps(bundle, indent=2) + "\n", mimetype="application/json")
+    # Named by the stream id: the external id is the caller's text, not a file name.
+    response.headers["Content-Disposition"] = (
+        f'attachment; filename="proof-{bundle["stream_id"]}.json"'
+    )
+    return response
 
 
 @blp.errorhandler(KandevError)

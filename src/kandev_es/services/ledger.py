@@ -32,6 +32,7 @@ from kandev_es_client.signed_note import (
     split_note,
 )
 
+from kandev_es import metrics
 from kandev_es.application import Tasks
 from kandev_es.config import Settings
 from kandev_es.domain.external_id import identity_id
@@ -53,7 +54,12 @@ from kandev_es.storage.database import Database, PostgresDatabase, SQLiteDatabas
 
 log = logging.getLogger("kandev_es.ledger")
 BATCH = 2000
-POLL_SECONDS = 0.25
+# A pass appends what settled since the last one and, when due, signs a
+# checkpoint, in one write transaction: at most two a second under load
+# (a pass of its own only for a full BATCH), none while nothing is saved. A
+# checkpoint still follows an event within about ledger_checkpoint_seconds
+# plus this.
+SEQUENCE_SECONDS = 0.5
 RETRY_SECONDS = 1.0
 # The sequencer's advisory lock class ("kes2"), apart from the projection leader's.
 LOCK_CLASS = int.from_bytes(b"kes2", "big")
@@ -105,6 +111,13 @@ class Sequencer:
         self._stop = threading.Event()
         self._signer: Signer | None = None
         self._last_signed = time.monotonic()
+        # What this process knows of the log (run_once, checkpoint_if_due): the
+        # notification id up to which every event is in it (-1: not read
+        # yet), its size after the last append and at the last checkpoint
+        # (None: not read yet), so idle passes read and write nothing.
+        self._sequenced = -1
+        self._size: int | None = None
+        self._signed_size = 0
 
     @property
     def signer(self) -> Signer:
@@ -113,19 +126,32 @@ class Sequencer:
         return self._signer
 
     def run_once(self) -> int:
-        """Append the settled events not yet in the log; the number appended."""
+        """Append the settled events not yet in the log, and sign a checkpoint
+        in the same transaction when one is due; the number appended. A pass
+        that finds the head where the last one left the log reads nothing
+        more and writes nothing."""
+        recorder = cast(Any, self.app.recorder)  # ours, on both backends (storage/)
+        head = recorder.checkpoint()  # before the settled read (storage/settled.py)
+        if head <= self._sequenced:
+            return 0
         with self.database.transaction() as tx:
             size, after = store.tree_head(tx)
-        recorder = cast(Any, self.app.recorder)  # ours, on both backends (storage/)
-        recorder.checkpoint()
         settled = recorder.read_settled(after, BATCH)
-        if not settled.notifications:
+        notifications = settled.notifications
+        if not notifications:
+            self._sequenced = max(after, settled.position)
             return 0
         with self.database.transaction() as tx:
             if store.tree_head(tx) != (size, after):
                 return 0  # another sequencer moved on meanwhile
-            self._append(tx, size, settled.notifications)
-        return len(settled.notifications)
+            self._append(tx, size, notifications)
+            self._sign_if_due(tx, size + len(notifications))
+        metrics.record_background_write("ledger")
+        self._size = size + len(notifications)
+        full = len(notifications) >= BATCH
+        self._sequenced = notifications[-1].id if full else max(settled.position,
+                                                                  notifications[-1].id)
+        return len(notifications)
 
     def _append(self, tx: Any, size: int, notifications: list[Any]) -> None:
         backend = self.database.backend
@@ -155,22 +181,35 @@ class Sequencer:
 
     def checkpoint_if_due(self, force: bool = False) -> str | None:
         """Sign a checkpoint of the whole log when enough time or events
-        passed since the last one (or ``force``); the new note, or None."""
+        passed since the last one (or ``force``); the new note, or None.
+        Reads nothing while this process knows the log has not grown since
+        the last checkpoint it saw."""
+        if not force and self._size is not None and self._size <= self._signed_size:
+            return None
         with self.database.transaction() as tx:
             size, _ = store.tree_head(tx)
-            last = store.latest_checkpoint(tx)
-            last_size = last[0] if last else -1
-            if size <= last_size:
-                return None
-            waited = time.monotonic() - self._last_signed
-            due = size - max(last_size, 0) >= self.settings.ledger_checkpoint_events
-            if not (force or due or waited >= self.settings.ledger_checkpoint_seconds):
-                return None
-            nodes = store.read_nodes(tx, store.frontier_keys(size))
-            root = merkle.root_hash(lambda lv, ix: nodes[(lv, ix)], size)
-            note = sign_note(Checkpoint(self.signer.name, size, root).text(), self.signer)
-            store.add_checkpoint(tx, size, note, time.time())
+            note = self._sign_if_due(tx, size, force)
+        if note is not None:
+            metrics.record_background_write("ledger")
+        return note
+
+    def _sign_if_due(self, tx: Any, size: int, force: bool = False) -> str | None:
+        """In ``tx``: a signed checkpoint of the log at ``size`` if one is due."""
+        last = store.latest_checkpoint(tx)
+        last_size = last[0] if last else -1
+        self._size, self._signed_size = size, max(last_size, 0)
+        if size <= last_size:
+            return None
+        waited = time.monotonic() - self._last_signed
+        due = size - max(last_size, 0) >= self.settings.ledger_checkpoint_events
+        if not (force or due or waited >= self.settings.ledger_checkpoint_seconds):
+            return None
+        nodes = store.read_nodes(tx, store.frontier_keys(size))
+        root = merkle.root_hash(lambda lv, ix: nodes[(lv, ix)], size)
+        note = sign_note(Checkpoint(self.signer.name, size, root).text(), self.signer)
+        store.add_checkpoint(tx, size, note, time.time())
         self._last_signed = time.monotonic()
+        self._signed_size = size
         return note
 
     def fill_chains(self) -> None:
@@ -181,10 +220,17 @@ class Sequencer:
 
     def catch_up(self) -> str | None:
         """Sequence everything settled and sign a checkpoint of it (``db
-        init``'s backfill, tests, ``audit checkpoint --now``)."""
+        init``'s backfill, tests, ``audit checkpoint --now``): the note of the
+        checkpoint of the whole log (signed by a pass when one was due), None
+        while the log is empty."""
         while self.run_once():
             pass
-        return self.checkpoint_if_due(force=True)
+        note = self.checkpoint_if_due(force=True)
+        if note is None:
+            with self.database.transaction() as tx:
+                last = store.latest_checkpoint(tx)
+            note = None if last is None else last[1]
+        return note
 
     def run_forever(self) -> None:
         leadership = _leadership(self.database)
@@ -204,7 +250,7 @@ class Sequencer:
                     appended = 0
                     self._stop.wait(RETRY_SECONDS)
                 if appended < BATCH:
-                    self._stop.wait(POLL_SECONDS)
+                    self._stop.wait(SEQUENCE_SECONDS)
         finally:
             leadership.release()
 
