@@ -65,6 +65,7 @@ class _Claimed:
     task: Task
     handle: str
     outcome: str | None
+    dto: dict[str, Any] | None = None  # the task's, made for the inline save
 
 
 class CreationService:
@@ -370,11 +371,15 @@ class CreationService:
             traceparent=tracing.traceparent(),
         )
         outcome = identity.tenure(number).outcome if unchanged is not None else None
+        # An inline plan's task is final now: its DTO is the answer's and the
+        # read model's alike, made once.
+        dto = task_dto(task) if unchanged is not None else None
         try:
             self._app.save_atomically(
                 identity,
                 task,
                 unchanged={unchanged.id: unchanged.version} if unchanged is not None else None,
+                dtos={task.id: dto} if dto is not None else None,
             )
         except VersionConflict:
             return None
@@ -384,13 +389,14 @@ class CreationService:
         )
         failpoints.hit(self._settings, "claim:after")
         handle = str(Handle(identity.id, number, secret))
-        return _Claimed(identity.id, number, task, handle, outcome)
+        return _Claimed(identity.id, number, task, handle, outcome, dto)
 
     def _settle(self, claimed: _Claimed) -> CreateResult:
         """Drive a claimed creation to its end (steps 8-9) and answer. An
         inline plan settled in its claim: only the answer is left."""
         if claimed.outcome is not None:
-            return CreateResult(_created(claimed.outcome), task_dto(claimed.task), claimed.handle)
+            dto = claimed.dto if claimed.dto is not None else task_dto(claimed.task)
+            return CreateResult(_created(claimed.outcome), dto, claimed.handle)
         try:
             done = self._driver.drive(claimed.identity_id, claimed.number, epoch=0)
         except Fenced:
