@@ -28,6 +28,7 @@ from kandev_es.creation.validation import validate_against_workspace
 from kandev_es.domain import creation
 from kandev_es.domain.external_id import identity_id, normalize_external_id
 from kandev_es.domain.identity import ABORTED, OUTCOME_CREATED_IDENTITY_LOST, Identity
+from kandev_es.domain.ids import random_id
 from kandev_es.domain.plan import CreationPlan
 from kandev_es.domain.principal import Principal, Unconfirmed
 from kandev_es.domain.task import Task
@@ -358,14 +359,15 @@ class CreationService:
         found = self._holders.found(identity)
         if found is not None:
             return found
+        actor = principal.actor
         number, task = creation.claim(
             identity,
             plan,
-            task_id=uuid.uuid4(),
-            owner_id=f"{self._owner_prefix}:{uuid.uuid4()}",
-            actor=principal.actor,
+            task_id=random_id(),
+            owner_id=f"{self._owner_prefix}:{random_id()}",
+            actor=actor,
             lease_expires_at=datetime.now(UTC) + self._lease,
-            handle_hash=handle_hash(secret, principal.actor, plan.plan_hash),
+            handle_hash=handle_hash(secret, actor, plan.plan_hash),
             completed=unchanged is not None,
             request_id=serving.current_request_id(),
             traceparent=tracing.traceparent(),
