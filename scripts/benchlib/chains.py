@@ -26,23 +26,28 @@ from kandev_es.config import Settings
 def chains_cost(
     settings: Settings, admin_url: str, url: str, tmp: Path, services: Services,
     save_clients: list[int], workers: int, clients: int, seconds: float, rounds: int,
+    initialised: bool = False,
 ) -> dict[str, Any]:
+    """``initialised``: `kandev-es db init` already ran on the store (the full
+    run's HTTP part did), so the servers start without running it again."""
     section: dict[str, Any] = {"load_before": load_average()}
     say(f"saves with chains vs without, {rounds} round(s)")
     section["saves"] = chained_saves(settings, admin_url, save_clients, seconds, rounds)
     say(f"Created over HTTP with chains vs without, {rounds} round(s)")
     section["created_over_http"] = _created(url, tmp, services, workers, clients, seconds,
-                                            rounds, PostgresSide(admin_url))
+                                            rounds, PostgresSide(admin_url), initialised)
     section["load_after"] = load_average()
     return section
 
 
 def _created(url: str, tmp: Path, services: Services, workers: int, clients: int,
-             seconds: float, rounds: int, postgres: PostgresSide) -> dict[str, Any]:
+             seconds: float, rounds: int, postgres: PostgresSide,
+             initialised: bool) -> dict[str, Any]:
     workspace = services.workspaces.open("bench-chains", "BCH")
     token, _ = services.tokens.issue(workspace_id=workspace.id, admin=False)
     env = environment(url, tmp / "data")
-    db_init(env)
+    if not initialised:
+        db_init(env)
     envs = {"with": {**env, "KANDEV_LEDGER_SAVE_CHAINS": "y"},
             "without": {**env, "KANDEV_LEDGER_SAVE_CHAINS": "n"}}
     runs = []

@@ -142,11 +142,11 @@ def on_schema(report: dict[str, Any], args: argparse.Namespace, admin_url: str,
 
 
 def chains(args: argparse.Namespace, settings: Settings, admin_url: str, url: str, tmp: Path,
-           services: Services) -> dict[str, Any]:
+           services: Services, initialised: bool = False) -> dict[str, Any]:
     """The 'chains' section (benchlib/chains.py): saves at --save-clients, Created
     over HTTP at --clients on --workers, --rounds alternating rounds."""
     return chains_cost(settings, admin_url, url, tmp, services, args.save_clients,
-                       args.workers, args.clients, args.seconds, args.rounds)
+                       args.workers, args.clients, args.seconds, args.rounds, initialised)
 
 
 def full_run(
@@ -164,7 +164,7 @@ def full_run(
     report["transactions"] = transactions(settings, samples)
     report.update(served(settings, url, schema, tmp, services, args.seconds, args.workers,
                          args.clients, samples))
-    report["chains"] = chains(args, settings, admin_url, url, tmp, services)
+    report["chains"] = chains(args, settings, admin_url, url, tmp, services, initialised=True)
     say("rebuild")
     report["rebuild"] = rebuild_rate(services)
     say("recovery after SIGKILL")
