@@ -6,6 +6,7 @@ has it (read your writes)."""
 from __future__ import annotations
 
 import http.client
+import json
 import threading
 import time
 import uuid
@@ -43,6 +44,8 @@ class Sample:
     acknowledgement (sent, answered: ms after it) and which one had the row."""
 
     create_ms: float
+    task_id: str = ""
+    acked: float = 0.0  # perf_counter() at the acknowledgement
     listed: bool = False
     polls: list[tuple[float, float]] = field(default_factory=list)
     lag_ms: float | None = None  # None: not in the feed within LAG_BOUND_S
@@ -67,7 +70,7 @@ def lag_once(
     status, reply = client.request("POST", "/api/v1/tasks", body(workspace, label))
     acked = time.perf_counter()
     assert status == 200 and reply.get("outcome") == "created", (status, reply)
-    sample = Sample(create_ms=(acked - sent) * 1000)
+    sample = Sample(create_ms=(acked - sent) * 1000, task_id=reply["id"], acked=acked)
     # The list goes out at once on a connection of its own, beside the feed's
     # first poll, so neither waits for the other's answer.
     listed: dict[str, Any] = {}
@@ -97,12 +100,14 @@ def _feed_lag(
         answered = time.perf_counter()
         sample.polls.append(((sent - acked) * 1000, (answered - acked) * 1000))
         assert status == 200, (status, page)
-        for item in page["items"]:
-            if item["subject"] == task_id and item["type"] == "task.created":
-                cursor.after = after
-                sample.lag_ms = (answered - acked) * 1000
-                return
         after = page["next_cursor"]
+        if any(item["subject"] == task_id and item["type"] == "task.created"
+               for item in page["items"]):
+            # As a feed client goes on: past everything this page held (the
+            # next probe's row commits after this answer, so above it).
+            cursor.after = after
+            sample.lag_ms = (answered - acked) * 1000
+            return
         if not page["has_more"]:
             time.sleep(LAG_POLL_S)
 
@@ -154,6 +159,57 @@ def projection_lag(
     return lag_summary(taken)
 
 
+class StreamWatcher:
+    """A feed consumer on the SSE stream (``GET .../events/stream``), as a
+    client that follows the feed uses it: a thread of its own reading every
+    event as it is pushed, noting when each task.created arrived."""
+
+    def __init__(self, port: int, token: str, workspace: uuid.UUID, after: int) -> None:
+        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        self.path = f"/api/v1/workspaces/{workspace}/events/stream?after={after}&max_seconds=120"
+        self.token = token
+        self.arrived: dict[str, float] = {}
+        self.failure: str | None = None
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def start(self) -> None:
+        self.conn.request("GET", self.path, headers={"Authorization": f"Bearer {self.token}"})
+        self.response = self.conn.getresponse()
+        assert self.response.status == 200, self.response.status
+        self.thread.start()
+
+    def run(self) -> None:
+        kind = ""
+        try:
+            while True:
+                line = self.response.readline()
+                if not line:
+                    return
+                if line.startswith(b"event: "):
+                    kind = line[7:].strip().decode()
+                elif line.startswith(b"data: ") and kind == "task.created":
+                    self.arrived.setdefault(json.loads(line[6:])["subject"], time.perf_counter())
+        except (OSError, http.client.HTTPException, ValueError) as error:
+            self.failure = type(error).__name__
+
+    def stop(self) -> None:
+        self.conn.close()  # ends the read: the server ends the stream at its next write
+        self.thread.join(timeout=WAIT_S)
+
+    def lags(self, samples: list[Sample]) -> dict[str, Any]:
+        """ms from each probe's acknowledgement to its task.created on the
+        stream (negative: pushed before the creating client had its answer)."""
+        lags = [(self.arrived[s.task_id] - s.acked) * 1000
+                for s in samples if s.task_id in self.arrived]
+        return {
+            "samples": len(lags),
+            "p50_ms": _p(lags, 0.5),
+            "p99_ms": _p(lags, 0.99),
+            "missing": len(samples) - len(lags),
+            "failure": self.failure,
+        }
+
+
 class LagProber:
     """Projection lag while a load runs: a thread of its own creating its own
     tasks one at a time (lag_once, then a pause of ``pause_s``) from start()
@@ -166,6 +222,7 @@ class LagProber:
         self.port, self.token, self.workspace = port, token, workspace
         self.url, self.schema, self.pause_s = url, schema, pause_s
         self.samples: list[Sample] = []
+        self.stream: StreamWatcher | None = None
         self.failures: Counter[str] = Counter()
         self.halt = threading.Event()
         self.thread = threading.Thread(target=self.run, daemon=True)
@@ -174,6 +231,8 @@ class LagProber:
         client = Client(self.port, self.token)
         with connect(self.url, self.schema) as conn:
             cursor = FeedCursor(conn, self.workspace)
+            self.stream = StreamWatcher(self.port, self.token, self.workspace, cursor.after)
+            self.stream.start()
             n = 0
             while not self.halt.is_set():
                 n += 1
@@ -191,9 +250,13 @@ class LagProber:
     def stop(self) -> None:
         self.halt.set()
         self.thread.join(timeout=WAIT_S)
+        time.sleep(0.5)  # the last probes' events on the stream
+        if self.stream is not None:
+            self.stream.stop()
 
     def result(self) -> dict[str, Any]:
         return {
             **lag_summary(self.samples),
+            "stream": None if self.stream is None else self.stream.lags(self.samples),
             "failed_requests": dict(self.failures),
         }

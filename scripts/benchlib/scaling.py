@@ -136,6 +136,12 @@ def lag_under_load(rounds: list[dict[str, Any]]) -> dict[str, Any] | None:
         "created_round_trip_ms_p50": median_nested(probes, "created_round_trip_ms", "p50"),
         "created_round_trip_ms_p99": median_nested(probes, "created_round_trip_ms", "p99"),
         "failed_requests": dict(failed),
+        "stream": {
+            "p50_ms": median_nested(probes, "stream", "p50_ms"),
+            "p99_ms": median_nested(probes, "stream", "p99_ms"),
+            "samples": sum((probe.get("stream") or {}).get("samples", 0) for probe in probes),
+            "missing": sum((probe.get("stream") or {}).get("missing", 0) for probe in probes),
+        },
         "rounds": len(probes),
         "note": f"while kandev-es takes the {LAG_CLIENTS}-client Created load, a thread of the"
         " bench creates its own tasks one at a time (20 ms apart) and times each from the HTTP"
@@ -145,6 +151,9 @@ def lag_under_load(rounds: list[dict[str, Any]]) -> dict[str, Any] | None:
         " first_poll_had_it: samples whose first poll after the acknowledgement already had"
         " the row (the lag is then that GET's round trip); *_round_trip_ms: a feed poll's and"
         " the probe's own Created's round trips under the same load (medians of the rounds)."
+        " stream: the same probes' task.created as a consumer of the SSE stream"
+        " (GET .../events/stream, opened at the start of the load) received them, ms after"
+        " the acknowledgement (negative: pushed before the creating client had its answer)."
         " p50_ms and p99_ms are medians over the rounds (each round's own under 'rounds')",
     }
 

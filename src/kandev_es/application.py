@@ -15,10 +15,12 @@ from eventsourcing.domain import Aggregate
 from eventsourcing.persistence import (
     IntegrityError,
     InterfaceError,
+    JSONTranscoder,
     Notification,
     OperationalError,
     Recording,
     StoredEvent,
+    Transcoder,
 )
 from eventsourcing.persistence import InternalError as StoreInternalError
 
@@ -30,6 +32,7 @@ from kandev_es.storage.breaker import StoreBreaker, means_read_only, means_unrea
 from kandev_es.storage.sqlite_factory import SQLITE_FACTORY_TOPIC
 from kandev_es.storage.sqlite_recorder import SQLITE_RECORDER_TOPIC
 from kandev_es.storage.streams import StreamsAdvanced
+from kandev_es.storage.transcoder import EventTranscoder
 from kandev_es.storage.view_writes import ViewRows, ViewsFailed
 
 # Makes a save's read-model rows from its events and aggregates.
@@ -200,6 +203,16 @@ class Tasks(Application):  # type: ignore[type-arg]
         self._open_lock = threading.Condition()
         self._background_calls = 0
         self._closed = False
+
+    def construct_transcoder(self) -> Transcoder:
+        """The library's JSON, encoded faster (storage/transcoder.py), unless
+        the environment names another transcoder."""
+        transcoder = self.factory.transcoder()
+        if type(transcoder) is JSONTranscoder:
+            transcoder = EventTranscoder()
+        if isinstance(transcoder, JSONTranscoder):
+            self.register_transcodings(transcoder)
+        return transcoder
 
     @contextmanager
     def unless_closed(self) -> Iterator[bool]:
@@ -451,16 +464,19 @@ class Tasks(Application):  # type: ignore[type-arg]
             return answer
         raise Contended(contended, attempts=attempts)
 
-    def settled_head(self) -> int | None:
+    def settled_rows(
+        self, query: str, params: dict[str, Any]
+    ) -> list[tuple[Any, ...]] | None:
         """For readers of rows saves write inline out of position order (the
-        feeds): a position they may read up to, at or above every save that
-        answered before the call (``recorders.settled_head``). None: what is
-        visible is settled (SQLite's one writer commits in position order)."""
-        settled_head = getattr(self.recorder, "settled_head", None)
-        if settled_head is None:
+        feeds): the rows of ``query`` up to a position at or above every save
+        that answered before the call, and settled (``recorders.settled_rows``).
+        None: no such reader here (SQLite's one writer commits in position
+        order: what is visible is settled; read it in a transaction)."""
+        settled_rows = getattr(self.recorder, "settled_rows", None)
+        if settled_rows is None:
             return None
         with self._store_call():
-            return int(settled_head())
+            return list(settled_rows(query, params))
 
     def max_notification_id(self) -> int:
         with self._store_call():

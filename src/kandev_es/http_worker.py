@@ -22,6 +22,7 @@ What waitress lacks and this module adds, each small:
 
 from __future__ import annotations
 
+import gc
 import os
 import resource
 import socket
@@ -132,6 +133,7 @@ class WaitressWorker(Worker):  # type: ignore[misc]
 
     def run(self) -> None:
         settings = self.settings
+        _freeze_loaded_objects()
         _raise_descriptor_limit(settings.max_connections + 64)
         server = self._server(settings)
         socket_map = server._map if isinstance(server, BaseWSGIServer) else server.map
@@ -202,6 +204,15 @@ class WaitressWorker(Worker):  # type: ignore[misc]
                 return
             self.notify()
             wasyncore.loop(timeout=0.2, map=socket_map, use_poll=True, count=1)
+
+
+def _freeze_loaded_objects() -> None:
+    """The application is loaded: its modules, routes, schemas and pools live
+    as long as the worker. Out of the cyclic collector's sight, a full
+    collection no longer walks them all (under a Found load, one took about
+    0.1 s every few thousand requests, all threads waiting on it)."""
+    gc.collect()
+    gc.freeze()
 
 
 def _raise_descriptor_limit(wanted: int) -> None:

@@ -25,5 +25,20 @@ def _blank(match: re.Match[str]) -> str:
     return f"{match.group(5)}***"
 
 
+# Each alternative above needs one of these in the text (lower-cased: the
+# pattern ignores case). Most lines hold none, and testing them is about ten
+# times cheaper than the regular expression's scan: the access line of every
+# request is redacted.
+_MARKERS = ("link=", "kal_", "kes_", "://", "password=")
+
+
+def may_hold_secret(text: str) -> bool:
+    """False when ``redact`` would surely leave ``text`` as it is."""
+    lowered = text.lower()
+    return any(marker in lowered for marker in _MARKERS)
+
+
 def redact(text: str) -> str:
+    if not may_hold_secret(text):
+        return text
     return _SECRETS.sub(_blank, text)

@@ -261,3 +261,45 @@ def test_release_route_and_its_replay_emit_exactly_one_task_updated(
     assert [e["type"] for e in items] == ["task.created", "task.updated"]
     assert items[1]["subject"] == task["id"] and "external_id" not in items[1]["data"]
     assert items[1]["data"]["revision"] == 2
+
+
+def test_an_open_stream_is_woken_by_a_save_not_by_its_poll(client, services, workspace, member):
+    """Pushed on commit: with a poll so long it never comes, the stream reads
+    again because the save rang this process's bell as it committed."""
+    import threading
+
+    from kandev_es.services.feeds import sse_stream
+
+    stream = sse_stream(
+        services.database, workspace.id, 0, max_seconds=30, poll_seconds=3600,
+        settled=services.app.settled_rows,
+    )
+    assert next(stream) == "retry: 1000\n\n"
+    creator = threading.Timer(
+        0.2, lambda: create(client, member[1], external_id="PUSH-1", title="pushed")
+    )
+    creator.start()
+    pushed = next(stream)  # within max_seconds, or the stream ends and this fails
+    creator.join()
+    stream.close()
+    assert json.loads(pushed.split("data: ", 1)[1])["data"]["title"] == "pushed"
+
+
+def test_the_head_watch_rings_for_a_save_it_did_not_make_and_stops_with_its_streams(
+    client, services, member
+):
+    """Saves of other processes and nodes reach a process's streams through
+    its HeadWatch: it rings its bell when the log's head moves, and its
+    thread ends once the last stream has left."""
+    from kandev_es.services.feeds import HeadWatch
+    from kandev_es.storage.notifier import SaveBell
+
+    bell = SaveBell()  # rung by nothing but the watch
+    watch = HeadWatch(bell)
+    watch.join(services.app.max_notification_id)
+    try:
+        create(client, member[1], external_id="WATCH-1", title="watched")
+        assert bell.wait(0, 30) >= 1
+    finally:
+        watch.leave()
+    assert not watch.running(wait=10)

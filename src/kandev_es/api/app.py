@@ -58,9 +58,6 @@ def create_app(
     app.register_blueprint(audit_page.blp)
     errors.register(app)
     _follow_requests(app)
-    _instrument_requests(app)
-    app.before_request(_check_query)
-    app.after_request(_no_store)
     if run_projections:
         services.projections.start_thread(settings.projection_poll_seconds)
         services.ledger.start_thread()  # one sequencer per database leads (services/ledger.py)
@@ -127,15 +124,29 @@ def _register_blueprints(api: Api) -> None:
     api.register_blueprint(parked.blp)
 
 
-def _instrument_requests(app: Flask) -> None:
-    """Count every answer by method, URL rule and status, and time it to its
-    headers (a stream's body is not in its latency). Registered before the
-    other hooks so a request they refuse is counted too."""
+def _follow_requests(app: Flask) -> None:
+    """Each request's id and access line (observability/middleware.py), its
+    span when traces are on (a caller's traceparent its parent), what its log
+    lines say of it (the route, the workspace in its path), and its count and
+    time to its headers by method, URL rule and status (a stream's body is
+    not in its latency). One hook before and one after each request: Flask
+    pays a call and a check of each hook on every request. The before hook
+    starts the clock first, so a request refused by a later check (the query
+    string, the cursor) is counted too."""
+    wrapped = with_request_ids(tracing.instrument_wsgi(app.wsgi_app))
+    app.wsgi_app = wrapped  # type: ignore[assignment,method-assign]
     metrics.instruments()  # made now, in this worker, so a scrape shows them at 0
 
     @app.before_request
     def _started() -> None:
         g.metrics_started = time.perf_counter()
+        rule = request.url_rule.rule if request.url_rule is not None else None
+        current = serving.current()
+        if current is not None:
+            current.route = rule
+            serving.note_workspace((request.view_args or {}).get("workspace_id"))
+        tracing.name_request(request.method, rule, serving.current_request_id())
+        _check_query()
 
     @app.after_request
     def _answered(response: Response) -> Response:
@@ -143,24 +154,7 @@ def _instrument_requests(app: Flask) -> None:
         elapsed = time.perf_counter() - started if started is not None else 0.0
         rule = request.url_rule.rule if request.url_rule is not None else None
         metrics.record_request(request.method, rule, response.status_code, elapsed)
-        return response
-
-
-def _follow_requests(app: Flask) -> None:
-    """Each request's id and access line (observability/middleware.py), its
-    span when traces are on (a caller's traceparent its parent), and what its
-    log lines say of it: the route and the workspace in its path."""
-    wrapped = with_request_ids(tracing.instrument_wsgi(app.wsgi_app))
-    app.wsgi_app = wrapped  # type: ignore[assignment,method-assign]
-
-    @app.before_request
-    def _describe() -> None:
-        current = serving.current()
-        rule = request.url_rule.rule if request.url_rule is not None else None
-        if current is not None:
-            current.route = rule
-            serving.note_workspace((request.view_args or {}).get("workspace_id"))
-        tracing.name_request(request.method, rule, serving.current_request_id())
+        return _no_store(response)
 
 
 def _check_query() -> None:

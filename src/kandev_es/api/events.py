@@ -127,7 +127,7 @@ class EventFeed(MethodView):
         after = parse_cursor(request.args.get("after"))
         limit = int(parse_bounded(request.args.get("limit"), "limit", 100, 1, MAX_PAGE))
         svc = services()
-        return feed_page(svc.database, target, after, limit, svc.app.settled_head)
+        return feed_page(svc.database, target, after, limit, svc.app.settled_rows)
 
 
 @blp.route("/workspaces/<workspace_id>/events/stream")
@@ -188,7 +188,8 @@ class EventStream(MethodView):
                 sse_stream(
                     database, target, after, max_seconds,
                     ended=_end_reason(bearer_secret(), target),
-                    settled=svc.app.settled_head,
+                    settled=svc.app.settled_rows,
+                    head=svc.app.max_notification_id,
                 ),
             ),
             mimetype="text/event-stream",

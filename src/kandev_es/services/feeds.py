@@ -18,10 +18,19 @@ from typing import Any
 from kandev_es.errors import StoreUnavailable
 from kandev_es.projections.feeds import feed_source
 from kandev_es.storage.database import Database
+from kandev_es.storage.notifier import SAVES, SaveBell
 
 MAX_PAGE = 1000
 MAX_STREAM_SECONDS = 3600.0
 HEARTBEAT_SECONDS = 5.0
+# While streams are open in a process, how often it looks at the log's head
+# for saves of other processes and nodes (HeadWatch): the most that adds to
+# an event's way to a stream while saves come; after the log has been still,
+# less often (doubling up to WATCH_IDLE_SECONDS: an idle server's open streams
+# cost it some twenty small statements a second). Its own saves wake the
+# streams as they commit.
+WATCH_SECONDS = 0.005
+WATCH_IDLE_SECONDS = 0.05
 
 # Why a stream's caller may no longer read it ("token revoked", "workspace
 # deleted"), or None while it still may: asked afresh of the store.
@@ -40,6 +49,7 @@ SERVER_STOPPING = threading.Event()
 
 def end_open_streams() -> None:
     SERVER_STOPPING.set()
+    SAVES.ring()  # wakes the streams waiting for a save
 
 
 @dataclass(frozen=True)
@@ -48,12 +58,21 @@ class FeedItem:
     envelope: dict[str, Any]
 
 
-def _everything_visible() -> int | None:
+def _everything_visible(query: str, params: dict[str, Any]) -> None:
     return None
 
 
-# How far a reader may read (``Tasks.settled_head``): None, everything visible.
-Horizon = Callable[[], int | None]
+# Rows of a query up to a settled position (``Tasks.settled_rows``), or None
+# when the store needs no such reader: what is visible is settled (SQLite).
+SettledRows = Callable[[str, dict[str, Any]], list[tuple[Any, ...]] | None]
+
+# The page as the settled reader runs it (PostgreSQL: the recorder's own
+# pooled session, one statement, no transaction around it).
+SETTLED_PAGE = (
+    "SELECT position, event_id, type, subject, timestamp, data FROM {schema}.feed_events"
+    " WHERE workspace_id = %(workspace)s AND position > %(after)s AND position <= %(upto)s"
+    " ORDER BY position LIMIT %(limit)s"
+)
 
 
 def read_feed(
@@ -61,21 +80,20 @@ def read_feed(
     workspace_id: uuid.UUID,
     after: int,
     limit: int,
-    settled: Horizon = _everything_visible,
+    settled: SettledRows = _everything_visible,
 ) -> list[FeedItem]:
     """Feed rows after ``after``, only up to the settled position: rows are
     written in the saves' transactions (projections/inline.py), which commit
     out of position order, and a cursor must never pass a row still to come."""
-    workspace = workspace_id if database.backend == "postgres" else str(workspace_id)
-    bound = settled()
-    upto = "" if bound is None else " AND position <= ?"
-    params: tuple[Any, ...] = (workspace, after) if bound is None else (workspace, after, bound)
-    with database.transaction() as tx:
-        rows = tx.execute(
-            "SELECT position, event_id, type, subject, timestamp, data FROM feed_events"
-            f" WHERE workspace_id = ? AND position > ?{upto} ORDER BY position LIMIT ?",
-            (*params, limit),
-        )
+    rows = settled(SETTLED_PAGE, {"workspace": workspace_id, "after": after, "limit": limit})
+    if rows is None:
+        workspace = workspace_id if database.backend == "postgres" else str(workspace_id)
+        with database.transaction() as tx:
+            rows = tx.execute(
+                "SELECT position, event_id, type, subject, timestamp, data FROM feed_events"
+                " WHERE workspace_id = ? AND position > ? ORDER BY position LIMIT ?",
+                (workspace, after, limit),
+            )
     source = feed_source(workspace_id)
     return [
         FeedItem(
@@ -98,7 +116,7 @@ def feed_page(
     workspace_id: uuid.UUID,
     after: int,
     limit: int,
-    settled: Horizon = _everything_visible,
+    settled: SettledRows = _everything_visible,
 ) -> dict[str, Any]:
     items = read_feed(database, workspace_id, after, limit + 1, settled)
     page = items[:limit]
@@ -109,6 +127,64 @@ def feed_page(
     }
 
 
+class HeadWatch:
+    """Saves of other processes and nodes, for the open streams of this one:
+    while any is open, one thread reads the head of the log every
+    WATCH_SECONDS while it moves, up to WATCH_IDLE_SECONDS while it is still
+    (one small statement each), and rings the save bell when it moved.
+    This process's own saves ring it as they commit (storage/notifier.py)."""
+
+    def __init__(self, bell: SaveBell = SAVES) -> None:
+        self._bell = bell
+        self._lock = threading.Lock()
+        self._streams = 0
+        self._thread: threading.Thread | None = None
+
+    def join(self, head: Callable[[], int]) -> None:
+        with self._lock:
+            self._streams += 1
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, args=(head,), name="feed-head-watch", daemon=True
+                )
+                self._thread.start()
+
+    def leave(self) -> None:
+        with self._lock:
+            self._streams -= 1
+
+    def running(self, wait: float = 0.0) -> bool:
+        """Whether its thread still runs (after up to ``wait`` for it to end)."""
+        thread = self._thread
+        if thread is not None and wait:
+            thread.join(wait)
+        return thread is not None and thread.is_alive()
+
+    def _run(self, head: Callable[[], int]) -> None:
+        seen: int | None = None
+        pause = WATCH_SECONDS
+        while True:
+            with self._lock:
+                if self._streams <= 0:
+                    self._thread = None
+                    return
+            try:
+                now = head()
+            except Exception:  # the store away, a lost session: the streams' own reads say so
+                SERVER_STOPPING.wait(1.0)
+                continue
+            if seen is not None and now != seen:
+                self._bell.ring()
+                pause = WATCH_SECONDS
+            else:  # a still log: look less often, up to WATCH_IDLE_SECONDS
+                pause = min(pause * 2, WATCH_IDLE_SECONDS)
+            seen = now
+            SERVER_STOPPING.wait(pause)
+
+
+HEAD_WATCH = HeadWatch()  # one per process
+
+
 def sse_stream(
     database: Database,
     workspace_id: uuid.UUID,
@@ -116,26 +192,53 @@ def sse_stream(
     max_seconds: float,
     poll_seconds: float = 0.5,
     ended: EndReason = _still_allowed,
-    settled: Horizon = _everything_visible,
-    stopping: threading.Event = SERVER_STOPPING,
+    settled: SettledRows = _everything_visible,
+    head: Callable[[], int] | None = None,
 ) -> Iterator[str]:
     """Server-Sent Events: ``id`` is the feed cursor, so a client reconnecting
     with ``Last-Event-ID`` resumes right after the last event it saw. The stream
     ends after ``max_seconds`` (clients reconnect) or when the store is lost.
 
+    Events are pushed as they commit: the stream reads again as soon as a
+    save of this process commits, or ``HEAD_WATCH`` sees the log's ``head``
+    move (another process's or node's save), and at least every
+    ``poll_seconds``.
+
     ``ended`` is asked before each batch of events is sent and at least every
     ``HEARTBEAT_SECONDS``: once it names a reason (the token was revoked, the
     workspace deleted) the stream says so in a last comment and ends, so a
     revocation reaches an open stream within one heartbeat, and no event read
-    after it is sent. Once ``stopping`` is set, it says so and ends at once."""
+    after it is sent. Once the server stops (``end_open_streams``), it says
+    so and ends at once."""
+    if head is not None:
+        HEAD_WATCH.join(head)
+    try:
+        yield from _events(
+            database, workspace_id, after, max_seconds, poll_seconds, ended, settled
+        )
+    finally:
+        if head is not None:
+            HEAD_WATCH.leave()
+
+
+def _events(
+    database: Database,
+    workspace_id: uuid.UUID,
+    after: int,
+    max_seconds: float,
+    poll_seconds: float,
+    ended: EndReason,
+    settled: SettledRows,
+) -> Iterator[str]:
     deadline = time.monotonic() + max_seconds
     beat = checked = time.monotonic()
     cursor = after
     yield "retry: 1000\n\n"
     while True:
-        if stopping.is_set():
+        if SERVER_STOPPING.is_set():
             yield ": stream closed: server stopping\n\n"
             return
+        rung = SAVES.rung  # before the read: a save during it rings again
         try:
             items = read_feed(database, workspace_id, cursor, 100, settled)
             now = time.monotonic()
@@ -161,4 +264,4 @@ def sse_stream(
         if now - beat >= HEARTBEAT_SECONDS:
             beat = now
             yield ": keepalive\n\n"
-        stopping.wait(min(poll_seconds, deadline - now))
+        SAVES.wait(rung, min(poll_seconds, deadline - now))

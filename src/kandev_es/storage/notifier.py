@@ -81,3 +81,28 @@ class SaveNotifier:
             thread.join(timeout=IDLE_SECONDS)
         if self._pending:
             self._flush()
+
+
+class SaveBell:
+    """Saves committed by this process, for what waits on them (open event
+    streams, services/feeds.py): a count and a condition, rung by the
+    recorders right after each save commits. No waiter, no cost but a lock."""
+
+    def __init__(self) -> None:
+        self._condition = threading.Condition()
+        self.rung = 0
+
+    def ring(self) -> None:
+        with self._condition:
+            self.rung += 1
+            self._condition.notify_all()
+
+    def wait(self, seen: int, timeout: float) -> int:
+        """Until the bell has rung since ``seen`` (its count then), or
+        ``timeout``; the count now."""
+        with self._condition:
+            self._condition.wait_for(lambda: self.rung != seen, timeout)
+            return self.rung
+
+
+SAVES = SaveBell()  # one per process

@@ -58,7 +58,7 @@ from kandev_es.storage.event_sql import (
     insert_function,
     upgrade_statement,
 )
-from kandev_es.storage.notifier import SaveNotifier
+from kandev_es.storage.notifier import SAVES, SaveNotifier
 from kandev_es.storage.pools import serve_most_recent_first
 from kandev_es.storage.settled import Horizon, Settled, Writers
 from kandev_es.storage.streams import Since, StreamsAdvanced, Versions
@@ -401,6 +401,7 @@ class KandevPostgresRecorder(PostgresApplicationRecorder):
         if not rows:
             raise StreamsAdvanced("a stream this save depends on has moved on")
         self.notifier.saved()
+        SAVES.ring()
         return [row[0] for row in rows]
 
     def _notify(self) -> None:
@@ -447,32 +448,38 @@ class KandevPostgresRecorder(PostgresApplicationRecorder):
             self.horizon.add(head, int(xid))
         return head
 
-    def settled_head(self, wait: float = SETTLE_WAIT_S) -> int:
-        """A position at or above every event committed before the call, all
-        of whose events have committed (for readers of rows written inline:
-        settled.py, ``Writers``). Waits up to ``wait`` for the saves under
-        way to end; after that, the highest position settled so far."""
+    @_retry_once_after_pool_check
+    def settled_rows(
+        self, query: str, params: dict[str, Any], wait: float = SETTLE_WAIT_S
+    ) -> list[tuple[Any, ...]]:
+        """The rows of ``query`` (``{schema}`` for this store's schema, its
+        rows bounded by ``%(upto)s``) up to a position at or above every event
+        committed before the call, all of whose events have committed: for
+        readers of rows written inline (settled.py, ``Writers``). Waits up to
+        ``wait`` for the saves under way to end; after that, reads up to the
+        highest position settled so far."""
         with _Pooled(self.datastore.pool) as conn:
             row = _tuples(conn).execute(
                 self.writers.head_sql, (self._table_sql,), prepare=True
             ).fetchone()
         assert row is not None
         head, writing = int(row[0]), list(row[1])
+        statement = self.writers.settled_sql(query.format(schema=self._sequence_prefix[:-1]))
         deadline = time.monotonic() + wait
-        pause = 0.001
-        while writing:
+        pause = 0.0005
+        while True:
+            with _Pooled(self.datastore.pool) as conn:
+                rows = _tuples(conn).execute(
+                    statement, {**params, "upto": head, "writing": writing}, prepare=True
+                ).fetchall()
+            if rows[0][0]:
+                return [found[1:] for found in rows if found[1] is not None]
             if time.monotonic() + pause > deadline:
                 self.checkpoint()
-                return self.read_settled(head, 0).position
+                head, writing = self.read_settled(head, 0).position, []
+                continue
             time.sleep(pause)
             pause = min(pause * 2, 0.05)
-            with _Pooled(self.datastore.pool) as conn:
-                row = _tuples(conn).execute(
-                    self.writers.still_sql, (writing,), prepare=True
-                ).fetchone()
-            assert row is not None
-            writing = list(row[0])
-        return head
 
     @_retry_once_after_pool_check
     def first_unknown(self, after: int, upto: int, known: Sequence[str]) -> tuple[int, str] | None:

@@ -157,26 +157,54 @@ class Writers:
     ``Horizon`` back, but not this.
 
     Every save inserts into the events table, and so holds its ROW EXCLUSIVE
-    lock from before it draws an id until it ends. In one statement: H, the
-    highest id visible, and W, the transactions holding that lock (granted).
-    An id <= H not visible then was drawn before H was, by a save under way
-    then: one in W, or one that ended between the snapshot and the lock scan
-    (visible to any later statement). Once no transaction of W is still
-    running, every id <= H that will ever exist is visible to a later
-    statement: H is settled. A save still waiting for the lock has drawn
-    nothing, and will draw above H."""
+    lock from before it draws an id until it ends, and has a transaction id
+    before it draws (the column defaults). In one statement (``head_sql``):
+    H, the highest id visible, and W, the transaction ids of the
+    transactions holding that lock (granted; subtransactions' ids too, the
+    top-level one among them). An id <= H not visible then was drawn before
+    H was, by a save under way then: one in W, or one that ended between the
+    snapshot and the lock scan (visible to any later statement). A holder
+    without a transaction id at the scan has drawn nothing, and will draw
+    above H; so has a save still waiting for the lock.
+
+    A later statement (``settled_sql``) whose own snapshot has every one of
+    W ended (``pg_visible_in_snapshot``) sees every id <= H that will ever exist:
+    it returns its rows up to H in that same snapshot, or none and
+    ``settled`` false, to be asked again a moment later. So a read under way
+    saves takes two statements, each one round trip."""
 
     def __init__(self, table_sql: str) -> None:
+        # pg_locks names a transaction by its 32-bit id; within 2^31 of this
+        # snapshot's xmax (as every running transaction is), it is the full
+        # id nearest to xmax with the same low 32 bits.
         self.head_sql = (
-            "SELECT coalesce(max(notification_id), 0), ARRAY(SELECT l.virtualtransaction"
-            "  FROM pg_locks l WHERE l.locktype = 'relation' AND l.relation = %s::regclass"
+            "WITH l AS MATERIALIZED (SELECT locktype, relation, database, mode, granted, pid,"
+            "  virtualtransaction, transactionid FROM pg_locks"
+            "  WHERE locktype IN ('relation', 'transactionid')),"
+            " r AS (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS x)"
+            " SELECT coalesce(max(notification_id), 0), ARRAY(SELECT DISTINCT r.x"
+            "  + ((t.transactionid::text::bigint - r.x %% 4294967296 + 6442450944)"
+            "  %% 4294967296) - 2147483648"
+            "  FROM r, l JOIN l t"
+            "  ON t.virtualtransaction = l.virtualtransaction AND t.locktype = 'transactionid'"
+            "  AND t.granted"
+            "  WHERE l.locktype = 'relation' AND l.relation = %s::regclass"
             "  AND l.database = (SELECT oid FROM pg_database"
             "   WHERE datname = current_database())"
             "  AND l.mode = 'RowExclusiveLock' AND l.granted AND l.pid <> pg_backend_pid())"
             f" FROM {table_sql}"
         )
-        # Each running transaction holds the lock on its own virtual id.
-        self.still_sql = (
-            "SELECT ARRAY(SELECT virtualxid FROM pg_locks WHERE locktype = 'virtualxid'"
-            " AND virtualxid = ANY(%s::text[]))"
+
+    @staticmethod
+    def settled_sql(query: str) -> str:
+        """``query`` (rows up to ``%(upto)s``) gated on every one of
+        ``%(writing)s`` (W, full transaction ids) having ended as its own
+        snapshot sees it (below xmax, not in progress; a subtransaction's
+        id may look ended early, but its top-level id is in W too):
+        (settled, *row) rows, one (False, NULL...) row when not settled."""
+        return (
+            "WITH s AS (SELECT NOT EXISTS (SELECT FROM unnest(%(writing)s::bigint[]) w"
+            "  WHERE NOT pg_visible_in_snapshot(w::text::xid8, pg_current_snapshot())) AS settled)"
+            f" SELECT s.settled, q.* FROM s LEFT JOIN LATERAL (SELECT * FROM ({query}) q0"
+            " WHERE s.settled) q ON true ORDER BY 2"
         )

@@ -15,6 +15,7 @@ from eventsourcing.persistence import StoredEvent
 from eventsourcing.sqlite import SQLiteApplicationRecorder
 from kandev_es_client.ledger import GENESIS, chain_hash
 
+from kandev_es.storage.notifier import SAVES
 from kandev_es.storage.settled import Settled
 from kandev_es.storage.streams import Since, StreamsAdvanced, Versions
 from kandev_es.storage.view_writes import ViewRows, apply_sqlite
@@ -93,6 +94,12 @@ class KandevSQLiteRecorder(SQLiteApplicationRecorder):
         ]
         events.sort(key=lambda e: (str(e.originator_id), e.originator_version))
         return events
+
+    def insert_events(self, stored_events: Sequence[StoredEvent],
+                      **kwargs: Any) -> Sequence[int] | None:
+        ids = super().insert_events(stored_events, **kwargs)
+        SAVES.ring()  # committed: wakes this process's open event streams
+        return ids
 
     def _insert_events(self, c: Any, stored_events: Sequence[StoredEvent],
                        **kwargs: Any) -> Sequence[int] | None:
