@@ -61,7 +61,7 @@ def _task_rows(
 ) -> None:
     gone = task.deleted or task.phase == TASK_ABORTED
     final = None if gone else task_dto(task)
-    key = str(task.id)
+    key = str(task.id) if final is None else final["id"]
     born = events[0][0] if isinstance(events[0][1], Task.Created) else None
     if final is None:
         if born is None:

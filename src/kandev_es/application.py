@@ -175,6 +175,8 @@ class Tasks(Application):  # type: ignore[type-arg]
 
     def __init__(self, settings: Settings, breaker: StoreBreaker | None = None) -> None:
         super().__init__(env=event_store_env(settings))
+        # Both recorders are ours (storage/): whether a save writes chain hashes.
+        self.recorder.save_chains = settings.ledger_save_chains  # type: ignore[attr-defined]
         # Only PostgreSQL goes away; SQLite's errors are lock timeouts.
         if breaker is None and settings.database_url:
             from kandev_es.storage.reconnect import reconnect_quickly
