@@ -14,6 +14,7 @@ from typing import Any
 
 import psycopg
 
+from benchlib.chains import chains_cost
 from benchlib.common import load_average, say
 from benchlib.database import database, durability, with_schema
 from benchlib.in_process import in_process, transactions
@@ -22,7 +23,7 @@ from benchlib.rebuild import rebuild_rate
 from benchlib.recovery import recovery
 from benchlib.saves import store_saves
 from benchlib.scaling import scaling
-from benchlib.targets import scaling_targets, targets
+from benchlib.targets import chains_targets, scaling_targets, targets
 from benchlib.tracing import tracing_cost
 from kandev_es.bootstrap import Services, bootstrap
 from kandev_es.config import Settings, postgres_target
@@ -67,6 +68,9 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--before", type=Path, default=None,
                         help="with --tracing-only: an earlier checkout (its .venv and"
                         " http/gunicorn.conf.py) measured as a third variant, traces off")
+    parser.add_argument("--chains-only", action="store_true",
+                        help="measure only the 'chains' section: saves and Created over HTTP"
+                        " with hash chains and without (docs/auditing.md: Cost)")
     parser.add_argument("--rounds", type=positive, default=1,
                         help="rounds of the HTTP measurement in 'scaling', the two servers"
                         " alternating which goes first; figures are medians (default 1;"
@@ -90,7 +94,9 @@ def main() -> int:
             on_schema(report, args, admin_url, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    if args.scaling_only or args.tracing_only:
+    if args.chains_only:
+        report["targets"] = chains_targets(report["chains"])
+    if args.scaling_only or args.tracing_only or args.chains_only:
         print(json.dumps(report, indent=2))
         return 0
     report["targets"] = targets(report)
@@ -111,6 +117,9 @@ def on_schema(report: dict[str, Any], args: argparse.Namespace, admin_url: str,
             report["tracing"] = tracing_cost(services, url, tmp, args.workers, args.clients,
                                              args.seconds, args.rounds, args.before)
             return
+        if args.chains_only:
+            report["chains"] = chains(args, settings, admin_url, url, tmp, services)
+            return
         if args.scaling or args.scaling_only:
             report["scaling"] = scaling(
                 settings, admin_url, url, schema, tmp, services, args.workers,
@@ -123,7 +132,7 @@ def on_schema(report: dict[str, Any], args: argparse.Namespace, admin_url: str,
         if args.scaling_only:
             report["scaling"]["targets"] = scaling_targets(report["scaling"])
         else:
-            full_run(report, args, settings, url, schema, tmp, services)
+            full_run(report, args, settings, admin_url, url, schema, tmp, services)
     finally:
         services.close()
         with contextlib.suppress(psycopg.Error), psycopg.connect(
@@ -132,12 +141,20 @@ def on_schema(report: dict[str, Any], args: argparse.Namespace, admin_url: str,
             conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
+def chains(args: argparse.Namespace, settings: Settings, admin_url: str, url: str, tmp: Path,
+           services: Services, initialised: bool = False) -> dict[str, Any]:
+    """The 'chains' section (benchlib/chains.py): saves at --save-clients, Created
+    over HTTP at --clients on --workers, --rounds alternating rounds."""
+    return chains_cost(settings, admin_url, url, tmp, services, args.save_clients,
+                       args.workers, args.clients, args.seconds, args.rounds, initialised)
+
+
 def full_run(
-    report: dict[str, Any], args: argparse.Namespace, settings: Settings, url: str,
-    schema: str, tmp: Path, services: Services,
+    report: dict[str, Any], args: argparse.Namespace, settings: Settings, admin_url: str,
+    url: str, schema: str, tmp: Path, services: Services,
 ) -> None:
     """Everything but the scaling section: in-process, transactions, HTTP,
-    storm, projection lag, rebuild, recovery."""
+    storm, projection lag, chains, rebuild, recovery."""
     samples = 20 if args.quick else 200
     say("in-process found/created vs raw SELECT/INSERT")
     report["in_process"] = in_process(services, url, schema, args.seconds)
@@ -147,6 +164,7 @@ def full_run(
     report["transactions"] = transactions(settings, samples)
     report.update(served(settings, url, schema, tmp, services, args.seconds, args.workers,
                          args.clients, samples))
+    report["chains"] = chains(args, settings, admin_url, url, tmp, services, initialised=True)
     say("rebuild")
     report["rebuild"] = rebuild_rate(services)
     say("recovery after SIGKILL")

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import contextlib
 import os
+import statistics
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
 
-from benchlib.common import concurrent_rate, ratio, say
+from benchlib.common import concurrent_count, concurrent_rate, load_average, ratio, say
+from benchlib.cpu import PostgresSide, cpu_delta, cpu_ns
 from benchlib.database import connect, with_schema
 from kandev_es.bootstrap import bootstrap
 from kandev_es.config import Settings, postgres_target
@@ -48,24 +50,124 @@ def save_params() -> tuple[list[uuid.UUID], list[int], list[str], list[bytes]]:
     return [stream] * SAVE_ROWS, versions, ["bench:Saved"] * SAVE_ROWS, [SAVE_STATE] * SAVE_ROWS
 
 
-def store_saves(
-    settings: Settings, admin_url: str, client_counts: list[int], seconds: float
-) -> list[dict[str, Any]]:
-    """The store's save against a raw INSERT transaction (see measure_saves), on
-    a fresh schema of ``admin_url`` dropped afterwards: the run's own store never
-    holds the bench's synthetic events."""
+@contextlib.contextmanager
+def saves_schema(settings: Settings, admin_url: str) -> Iterator[tuple[Settings, str, str]]:
+    """(settings, url, schema) of a fresh schema of ``admin_url`` with the
+    store's tables, dropped afterwards: the run's own store never holds the
+    bench's synthetic events."""
     schema = f"bench_saves_{uuid.uuid4().hex[:12]}"
     url = with_schema(admin_url, schema)
     saves_settings = settings.with_overrides(database_url=url,
                                              data_dir=settings.data_dir / "saves")
     bootstrap(saves_settings).close()  # creates the schema and the store's tables
     try:
-        return measure_saves(saves_settings, url, schema, client_counts, seconds)
+        yield saves_settings, url, schema
     finally:
         with contextlib.suppress(psycopg.Error), psycopg.connect(
             postgres_target(admin_url).conninfo, autocommit=True
         ) as conn:
             conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+def store_saves(
+    settings: Settings, admin_url: str, client_counts: list[int], seconds: float
+) -> list[dict[str, Any]]:
+    """The store's save against a raw INSERT transaction (see measure_saves)."""
+    with saves_schema(settings, admin_url) as (saves_settings, url, schema):
+        return measure_saves(saves_settings, url, schema, client_counts, seconds)
+
+
+def saver(recorder: Any) -> Callable[[], Callable[[], None]]:
+    """A client's call: ``recorder.insert_events`` of a fresh 6-event stream."""
+    from eventsourcing.persistence import StoredEvent
+
+    def save() -> Callable[[], None]:
+        def run() -> None:
+            ids, versions, topics, states = save_params()
+            recorder.insert_events([
+                StoredEvent(originator_id=i, originator_version=v, topic=t, state=st)
+                for i, v, t, st in zip(ids, versions, topics, states, strict=True)
+            ])
+
+        return run
+
+    return save
+
+
+def chained_saves(
+    settings: Settings, admin_url: str, client_counts: list[int], seconds: float,
+    rounds: int,
+) -> list[dict[str, Any]]:
+    """The store's save with hash chains (the default) against the same save
+    with KANDEV_LEDGER_SAVE_CHAINS off (no chain hash written), on one fresh
+    schema, at each client count: ``rounds`` rounds alternating which goes
+    first, the ratio the median of the rounds' ratios."""
+    with saves_schema(settings, admin_url) as (saves_settings, _, _):
+        pool = max(5, max(client_counts) // 2 + 1)
+        stores = {
+            "with": bootstrap(saves_settings.with_overrides(create_tables=False, pool_size=pool)),
+            "without": bootstrap(saves_settings.with_overrides(
+                create_tables=False, pool_size=pool, ledger_save_chains=False)),
+        }
+        try:
+            for services in stores.values():  # each pool opened and each statement prepared
+                concurrent_rate(saver(services.app.recorder), max(client_counts),
+                                min(seconds, 1.0))
+            postgres = PostgresSide(admin_url)
+            return [_chained_row(stores, postgres, clients, seconds, rounds)
+                    for clients in client_counts]
+        finally:
+            for services in stores.values():
+                services.close()
+
+
+def _chained_row(stores: dict[str, Any], postgres: PostgresSide, clients: int,
+                 seconds: float, rounds: int) -> dict[str, Any]:
+    runs = []
+    for number in range(rounds):
+        order = ["with", "without"] if number % 2 == 0 else ["without", "with"]
+        run: dict[str, Any] = {"order": order, "load": load_average()}
+        for side in order:
+            run[side] = _saves_and_cpu(stores[side].app.recorder, postgres, clients, seconds)
+        runs.append(run)
+
+    def median(side: str, key: str) -> float:
+        return round(statistics.median(r[side][key] for r in runs), 1)
+
+    row = {
+        "clients": clients,
+        "with_chains_per_s": median("with", "saves_per_s"),
+        "without_chains_per_s": median("without", "saves_per_s"),
+        "ratio": round(statistics.median(
+            ratio(r["with"]["saves_per_s"], r["without"]["saves_per_s"]) for r in runs), 3),
+        "cpu_us_per_save": {side: median(side, "cpu_us_per_save") for side in ("with", "without")},
+        # without / with CPU per save: the rate ratio of a machine the saves saturate,
+        # steadier than the rates on one busy with other work
+        "cpu_ratio": round(statistics.median(
+            ratio(r["without"]["cpu_us_per_save"], r["with"]["cpu_us_per_save"])
+            for r in runs), 3),
+        "rounds": runs,
+    }
+    say(f"saves {clients:>3} clients: with chains {row['ratio']}x without")
+    return row
+
+
+def _saves_and_cpu(recorder: Any, postgres: PostgresSide, clients: int,
+                   seconds: float) -> dict[str, float]:
+    """Saves/s and the CPU µs per save of this process (the savers) and of
+    PostgreSQL (0 for PostgreSQL when it is not on this machine)."""
+    cpu: dict[str, Any] = {}
+
+    def read(key: str) -> None:
+        cpu[key] = (cpu_ns(os.getpid()), postgres.cpu() or {})
+
+    count, elapsed = concurrent_count(saver(recorder), clients, seconds,
+                                      started_hook=lambda: read("before"),
+                                      stopped_hook=lambda: read("after"))
+    spent = (cpu["after"][0] - cpu["before"][0]
+             + cpu_delta(cpu["before"][1], cpu["after"][1]))
+    return {"saves_per_s": round(count / elapsed, 1),
+            "cpu_us_per_save": round(spent / 1e3 / max(count, 1), 1)}
 
 
 def measure_saves(
@@ -76,8 +178,6 @@ def measure_saves(
     table shaped like the events table, at each client count. One process, a
     thread per client, each with its own connection (the store's pool is sized
     for the largest count)."""
-    from eventsourcing.persistence import StoredEvent
-
     with connect(url, schema) as conn:
         conn.execute(RAW_EVENTS_DDL)
     biggest = max(client_counts)
@@ -86,17 +186,7 @@ def measure_saves(
     connections: list[psycopg.Connection[Any]] = []
     rows: list[dict[str, Any]] = []
     try:
-        recorder = services.app.recorder
-
-        def save() -> Callable[[], None]:
-            def run() -> None:
-                ids, versions, topics, states = save_params()
-                recorder.insert_events([
-                    StoredEvent(originator_id=i, originator_version=v, topic=t, state=st)
-                    for i, v, t, st in zip(ids, versions, topics, states, strict=True)
-                ])
-
-            return run
+        save = saver(services.app.recorder)
 
         def raw() -> Callable[[], None]:
             conn = connect(url, schema)

@@ -32,6 +32,12 @@ WRITE_TRANSACTIONS_PER_CREATION_MAX = 1.0
 LAG_P99_MAX_MS = 20.0  # projection lag under the LAG_CLIENTS Created load
 
 
+# Issue 36: what hash chains may cost (with chains / without, medians of the rounds):
+# the save at the largest client count at most 5 % slower, Created over HTTP at most 3 %.
+CHAINS_SAVES_MIN_RATIO = 0.95
+CHAINS_CREATED_MIN_RATIO = 0.97
+
+
 def judged(target: str, measured: float | None, met: bool, rounds: int,
            missing: str = "") -> dict[str, Any]:
     """One target: what it asks, the figure measured, whether it was met, and
@@ -145,9 +151,25 @@ def scaling_targets(
     return result
 
 
+def chains_targets(section: dict[str, Any]) -> dict[str, Any]:
+    """Issue 36's (benchlib/chains.py): the save with chains >= 0.95x without
+    at the largest client count, Created over HTTP with chains >= 0.97x without."""
+    saves = section["saves"][-1]
+    created = section["created_over_http"]
+    return {
+        f"saves_with_chains_vs_without_at_{saves['clients']}": judged(
+            f">= {CHAINS_SAVES_MIN_RATIO}", saves["ratio"],
+            saves["ratio"] >= CHAINS_SAVES_MIN_RATIO, len(saves["rounds"])),
+        "created_over_http_with_chains_vs_without": judged(
+            f">= {CHAINS_CREATED_MIN_RATIO}", created["ratio"],
+            created["ratio"] >= CHAINS_CREATED_MIN_RATIO, len(created["rounds"])),
+    }
+
+
 def targets(report: dict[str, Any]) -> dict[str, Any]:
     return {
         **in_process_targets(report["in_process"]),
+        **chains_targets(report["chains"]),
         "storm_tasks": judged("== 1", report["storm"]["tasks_created"],
                               report["storm"]["met"], 1),
     }

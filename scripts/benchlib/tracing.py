@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from benchlib.common import body, concurrent_count, load_average, say
-from benchlib.cpu import cpu_delta, family_cpu
+from benchlib.cpu import PostgresSide, cpu_delta, family_cpu
 from benchlib.server import Gunicorn, environment, poster
 from kandev_es.bootstrap import Services
 
@@ -52,11 +52,13 @@ class Sink:
         self._server.server_close()
 
 
-def _round(
+def served_creates(
     variant: str, env: dict[str, str], before: Path | None, workers: int, clients: int,
     seconds: float, token: str, workspace: uuid.UUID, log: Path,
+    postgres: PostgresSide | None = None,
 ) -> dict[str, Any]:
-    """One variant, served afresh: creates/s and server CPU ms per Created."""
+    """One variant, served afresh: creates/s and server CPU ms per Created
+    (and PostgreSQL's, given ``postgres`` on this machine)."""
     python_and_config: dict[str, Any] = {}
     if variant == "before" and before is not None:
         python_and_config = {"python": str(before / ".venv" / "bin" / "python"),
@@ -68,19 +70,25 @@ def _round(
             server.port, token, lambda: body(workspace, f"TR-{uuid.uuid4()}"), "created",
             failures)
         started: dict[str, Any] = {}
+        pg_cpu = postgres.cpu if postgres is not None else lambda: None
         count, elapsed = concurrent_count(
             make, clients, seconds,
-            started_hook=lambda: started.update(cpu=family_cpu(server.process.pid)),
-            stopped_hook=lambda: started.update(spent=cpu_delta(
-                started["cpu"], family_cpu(server.process.pid))),
+            started_hook=lambda: started.update(cpu=family_cpu(server.process.pid),
+                                                pg=pg_cpu()),
+            stopped_hook=lambda: started.update(
+                spent=cpu_delta(started["cpu"], family_cpu(server.process.pid)),
+                pg_spent=None if started["pg"] is None else cpu_delta(started["pg"], pg_cpu())),
         )
     finally:
         server.stop()
-    return {
+    result = {
         "created_per_s": round(count / elapsed, 1),
         "cpu_ms_per_created": round(started["spent"] / 1e6 / max(count, 1), 3),
         "failed": dict(failures),
     }
+    if started["pg_spent"] is not None:
+        result["pg_cpu_ms_per_created"] = round(started["pg_spent"] / 1e6 / max(count, 1), 3)
+    return result
 
 
 def tracing_cost(
@@ -102,8 +110,9 @@ def tracing_cost(
             say(f"tracing round {number + 1}/{rounds}: {', '.join(order)}")
             row: dict[str, Any] = {"order": order, "load": load_average()}
             for name in order:
-                row[name] = _round(name, envs[name], before, workers, clients, seconds, token,
-                                   workspace.id, tmp / f"tracing-{name}-{number}.log")
+                row[name] = served_creates(name, envs[name], before, workers, clients,
+                                           seconds, token, workspace.id,
+                                           tmp / f"tracing-{name}-{number}.log")
             rows.append(row)
     finally:
         sink.close()

@@ -103,6 +103,9 @@ class Settings:
     # dir's ledger.key) and the log's origin line, used when the key is made.
     ledger_key_file: Path | None = None
     ledger_origin: str = "kandev-es.local/log"
+    # Off: saves write no chain hash (the sequencer still chains every event it
+    # logs); for measuring what chains cost (scripts/bench), docs/auditing.md.
+    ledger_save_chains: bool = True
     # The interactive API page at /api/docs (api/api_docs.py); off: 404 there.
     api_docs: bool = True
 
@@ -397,6 +400,7 @@ def _ledger_settings(env: Mapping[str, str]) -> dict[str, Any]:
         "ledger_checkpoint_events": _int(env, "KANDEV_LEDGER_CHECKPOINT_EVENTS", 1000),
         "ledger_key_file": Path(key_file) if key_file else None,
         "ledger_origin": env.get("KANDEV_LEDGER_ORIGIN") or Settings.ledger_origin,
+        "ledger_save_chains": _flag(env.get("KANDEV_LEDGER_SAVE_CHAINS"), True),
     }
 
 

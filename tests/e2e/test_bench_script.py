@@ -90,6 +90,18 @@ def test_quick_bench_prints_every_measurement_and_a_single_storm_task():
         assert target["met"] is (target["measured"] >= float(target["target"].split()[-1]))
         # one rule, one figure: the scaling targets repeat it, measured
         assert report["scaling"]["targets"][name] == target
+    chains = report["chains"]  # issue 36: what hash chains cost, with against without
+    assert [row["clients"] for row in chains["saves"]] == [1]
+    assert chains["saves"][0]["with_chains_per_s"] > 0
+    assert chains["saves"][0]["without_chains_per_s"] > 0
+    created = chains["created_over_http"]
+    assert created["with_chains_per_s"] > 0 and created["without_chains_per_s"] > 0
+    assert [run["with"]["failed"] | run["without"]["failed"] for run in created["rounds"]] == [{}]
+    for name, figure in (("saves_with_chains_vs_without_at_1", chains["saves"][0]["ratio"]),
+                         ("created_over_http_with_chains_vs_without", created["ratio"])):
+        target = report["targets"][name]
+        assert target["measured"] == figure
+        assert target["met"] is (figure >= float(target["target"].split()[-1]))
 
 
 def test_scaling_rounds_alternate_the_servers_and_report_medians_with_the_lag_under_load():

@@ -14,6 +14,7 @@ from psycopg.types.numeric import Int8
 
 from kandev_es.storage.recorders import (
     pack_byteas,
+    pack_chain_hashes,
     pack_int8s,
     pack_texts,
     pack_uuids,
@@ -79,6 +80,17 @@ def test_a_lone_surrogate_is_refused_as_psycopg_refuses_it() -> None:
 @given(st.lists(st.binary(), min_size=1))
 def test_byteas_pack_as_psycopg_dumps_them(values: list[bytes]) -> None:
     assert ours(pack_byteas(values)) == psycopg_dump(list(values))
+
+
+@given(st.lists(st.one_of(st.none(), st.binary(min_size=32, max_size=32)), min_size=1))
+def test_chain_hashes_pack_as_psycopg_dumps_them_with_nulls(values: list[bytes | None]) -> None:
+    """The save's chain hashes: a None (filled by the save's statement) is a NULL."""
+    if all(value is None for value in values):
+        # psycopg cannot type a list of only Nones; ours is bytea[] with NULLs
+        packed, oid = ours(pack_chain_hashes(values))
+        assert oid == 1001 and packed.count(b"\xff\xff\xff\xff") == len(values)
+        return
+    assert ours(pack_chain_hashes(values)) == psycopg_dump(list(values))
 
 
 def test_empty_arrays_keep_their_element_type() -> None:

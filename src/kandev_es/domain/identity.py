@@ -17,6 +17,7 @@ from typing import Any
 from eventsourcing.domain import Aggregate
 
 from kandev_es.domain.errors import DomainRuleBroken
+from kandev_es.domain.events import DirectEvents, DirectInit
 
 PREPARING = "preparing"
 COMPLETING = "completing"
@@ -88,8 +89,8 @@ class Tenure:
         return self.in_flight and given_up and self.lease_expires_at < now
 
 
-class Identity(Aggregate):
-    class Registered(Aggregate.Created):
+class Identity(DirectEvents, Aggregate):
+    class Registered(DirectInit, Aggregate.Created):
         workspace_id: uuid.UUID
         external_id: str | None
 

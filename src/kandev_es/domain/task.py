@@ -12,6 +12,7 @@ from typing import Any
 from eventsourcing.domain import Aggregate
 
 from kandev_es.domain.errors import DomainRuleBroken
+from kandev_es.domain.events import DirectEvents, DirectInit
 
 TASK_PREPARING = "preparing"
 TASK_ACTIVE = "active"
@@ -20,8 +21,8 @@ TASK_ABORTED = "aborted"
 EDITABLE_FIELDS = ("title", "description", "workflow_step")
 
 
-class Task(Aggregate):
-    class Created(Aggregate.Created):
+class Task(DirectEvents, Aggregate):
+    class Created(DirectInit, Aggregate.Created):
         workspace_id: uuid.UUID
         identity_id: uuid.UUID
         identifier: str

@@ -44,10 +44,13 @@ def upgrade_statement(table: Composable, table_sql: str) -> Composed:
 
 
 def drop_old_insert_function(function: Composable) -> Composed:
-    """The six-argument ``kandev_insert_events`` of earlier versions: beside
-    the seven-argument one a six-argument call would be ambiguous."""
+    """The ``kandev_insert_events`` of earlier versions (six arguments, then
+    seven before the caller passed the chain hashes it knows): beside this
+    one, whose last arguments have defaults, a call would be ambiguous."""
     return SQL(
-        "DROP FUNCTION IF EXISTS {function}(uuid[], bigint[], text[], bytea[], uuid[], bigint[])"
+        "DROP FUNCTION IF EXISTS {function}(uuid[], bigint[], text[], bytea[], uuid[], bigint[]);"
+        " DROP FUNCTION IF EXISTS {function}(uuid[], bigint[], text[], bytea[], uuid[],"
+        " bigint[], jsonb)"
     ).format(function=function)
 
 
@@ -60,14 +63,20 @@ def insert_function(function: Composable, table: Composable, apply_views: Compos
     and a REPEATABLE READ or SERIALIZABLE transaction's snapshot is older (it
     would pass a guard whose stream moved while it waited), so it refuses.
     Then, in the same transaction, the inline projections' rows (``views``,
-    storage/view_writes.py) with the ids the insert drew, in insert order."""
+    storage/view_writes.py) with the ids the insert drew, in insert order.
+    ``hashes``: the chain hash of each event the caller could compute
+    (storage/chains.py: its previous is the genesis or earlier in the save),
+    NULL where the previous is a stored row, filled here under the stream's
+    lock; no array: all computed here. ``chains`` false writes no hash
+    (KANDEV_LEDGER_SAVE_CHAINS off)."""
     return SQL(
         "CREATE OR REPLACE FUNCTION {function}("
         "ids uuid[], versions bigint[], topics text[], states bytea[],"
-        " guard_ids uuid[], guard_versions bigint[], views jsonb DEFAULT NULL)"
+        " guard_ids uuid[], guard_versions bigint[], views jsonb DEFAULT NULL,"
+        " hashes bytea[] DEFAULT NULL, chains boolean DEFAULT true)"
         " RETURNS SETOF bigint LANGUAGE plpgsql AS $BODY$"
         " DECLARE key bigint; exclusive boolean; positions bigint[];"
-        " hashes bytea[] := '{{}}'; previous bytea; found_here boolean := false;"
+        " previous bytea; found_here boolean := false;"
         " BEGIN"
         "  IF current_setting('transaction_isolation') <> 'read committed' THEN"
         "   RAISE EXCEPTION 'kandev_insert_events needs READ COMMITTED, not %',"
@@ -100,12 +109,19 @@ def insert_function(function: Composable, table: Composable, apply_views: Compos
 
 
 def _chain_loop(table: Composable) -> Composed:
-    """Each event's chain hash, into ``hashes`` (kandev_es_client.ledger.chain_hash,
+    """The chain hashes the caller left NULL (kandev_es_client.ledger.chain_hash,
     the same bytes): its stream's previous hash is earlier in this save or the
-    stream's stored row, which the stream's lock keeps still. An old row without
-    a hash (before db init's backfill) leaves NULL."""
+    stream's stored row, which the stream's lock keeps still. An old row
+    without a hash (before db init's backfill) leaves NULL. Skipped whole when
+    the caller knew every hash (a Created's save)."""
     return SQL(
-        "  FOR i IN 1 .. coalesce(array_length(ids, 1), 0) LOOP"
+        "  IF NOT chains THEN hashes := NULL;"
+        "  ELSIF hashes IS NULL THEN"
+        "   hashes := array_fill(NULL::bytea, ARRAY[array_length(ids, 1)]);"
+        "  END IF;"
+        "  IF array_position(hashes, NULL) IS NOT NULL THEN"
+        "  FOR i IN 1 .. array_length(ids, 1) LOOP"
+        "   CONTINUE WHEN hashes[i] IS NOT NULL;"
         "   previous := NULL;"
         "   IF versions[i] = 1 THEN previous := {genesis};"
         "   ELSE"
@@ -121,6 +137,7 @@ def _chain_loop(table: Composable) -> Composed:
         "    || int4send(octet_length(convert_to(topics[i], 'UTF8')))"
         "    || convert_to(topics[i], 'UTF8') || states[i]);"
         "  END LOOP;"
+        "  END IF;"
     ).format(table=table, tag=Literal(CHAIN_TAG), genesis=Literal(GENESIS))
 
 

@@ -51,6 +51,7 @@ from psycopg.sql import SQL, Identifier
 from psycopg_pool import PoolTimeout
 
 from kandev_es.storage.breaker import means_node_lost, means_read_only
+from kandev_es.storage.chains import known_chain_hashes
 from kandev_es.storage.counters import sequence_name
 from kandev_es.storage.event_sql import (
     chain_column_statement,
@@ -202,10 +203,10 @@ _register_packed(_TextArray, 1009)
 _register_packed(_ByteaArray, 1001)
 
 
-def _head(element_oid: int, count: int) -> bytes:
+def _head(element_oid: int, count: int, has_null: int = 0) -> bytes:
     if not count:
         return _EMPTY.pack(0, 0, element_oid)
-    return _HEAD.pack(1, 0, element_oid, count, 1)
+    return _HEAD.pack(1, has_null, element_oid, count, 1)
 
 
 def pack_uuids(values: Sequence[uuid.UUID | str]) -> _UuidArray:
@@ -240,6 +241,22 @@ def pack_byteas(values: Sequence[bytes]) -> _ByteaArray:
     return _ByteaArray(
         _head(BYTEA_OID, len(values))
         + b"".join([_LENGTH.pack(len(value)) + value for value in values])
+    )
+
+
+_NULL = _LENGTH.pack(-1)
+
+
+def pack_chain_hashes(values: Sequence[bytes | None] | None) -> _ByteaArray | None:
+    """The save's chain hashes (storage/chains.py), None elements as SQL NULLs
+    (filled in the save's statement); None: the statement computes them all."""
+    if values is None:
+        return None
+    has_null = int(None in values)
+    return _ByteaArray(
+        _head(BYTEA_OID, len(values), has_null)
+        + b"".join([_NULL if value is None else _LENGTH.pack(len(value)) + value
+                    for value in values])
     )
 
 
@@ -320,6 +337,10 @@ def _tuples(conn: psycopg.Connection[Any]) -> psycopg.Cursor[tuple[Any, ...]]:
 
 
 class KandevPostgresRecorder(PostgresApplicationRecorder):
+    # Off (KANDEV_LEDGER_SAVE_CHAINS, set by application.Tasks): the save writes
+    # no chain hash and only the sequencer's log chains the events.
+    save_chains = True
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         serve_most_recent_first(self.datastore.pool)
@@ -361,7 +382,7 @@ class KandevPostgresRecorder(PostgresApplicationRecorder):
         self.sql_create_statements.append(insert_function(function, table, apply_views))
         self._insert_sql = SQL(
             "SELECT {0}(%b::uuid[], %b::bigint[], %b::text[], %b::bytea[],"
-            " %b::uuid[], %b::bigint[], %s::jsonb)"
+            " %b::uuid[], %b::bigint[], %s::jsonb, %b::bytea[], %s::boolean)"
         ).format(function).as_string(None)
         self._notify_sql = SQL("NOTIFY {0}").format(Identifier(self.channel_name)).as_string(None)
         self.notifier = SaveNotifier(self._notify)
@@ -390,6 +411,9 @@ class KandevPostgresRecorder(PostgresApplicationRecorder):
                 pack_uuids(list(unchanged)),
                 pack_int8s(list(unchanged.values())),
                 views_json(kwargs.get("views")),
+                pack_chain_hashes(known_chain_hashes(stored_events) if self.save_chains
+                                  else None),
+                self.save_chains,
             )
             try:
                 rows = _tuples(conn).execute(self._insert_sql, params, prepare=True).fetchall()

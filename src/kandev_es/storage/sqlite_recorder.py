@@ -13,8 +13,9 @@ from typing import Any
 
 from eventsourcing.persistence import StoredEvent
 from eventsourcing.sqlite import SQLiteApplicationRecorder
-from kandev_es_client.ledger import GENESIS, chain_hash
+from kandev_es_client.ledger import chain_hash
 
+from kandev_es.storage.chains import known_chain_hashes
 from kandev_es.storage.notifier import SAVES
 from kandev_es.storage.settled import Settled
 from kandev_es.storage.streams import Since, StreamsAdvanced, Versions
@@ -22,13 +23,21 @@ from kandev_es.storage.view_writes import ViewRows, apply_sqlite
 
 
 class KandevSQLiteRecorder(SQLiteApplicationRecorder):
+    # Off (KANDEV_LEDGER_SAVE_CHAINS, set by application.Tasks): the save writes
+    # no chain hash and only the sequencer's log chains the events.
+    save_chains = True
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         # Named columns: the library's VALUES (?,?,?,?) fails once the table
-        # has its chain_hash column (the save fills it: ``_chain``).
+        # has its chain_hash column (``_insert_rows`` fills it).
         self.insert_events_statement = (
             f"INSERT INTO {self.events_table_name}"
             " (originator_id, originator_version, topic, state) VALUES (?,?,?,?)"
+        )
+        self._insert_chained = (
+            f"INSERT INTO {self.events_table_name}"
+            " (originator_id, originator_version, topic, state, chain_hash) VALUES (?,?,?,?,?)"
         )
 
     def next_office_number(self, workspace_id: uuid.UUID) -> int:
@@ -103,7 +112,7 @@ class KandevSQLiteRecorder(SQLiteApplicationRecorder):
 
     def _insert_events(self, c: Any, stored_events: Sequence[StoredEvent],
                        **kwargs: Any) -> Sequence[int] | None:
-        ids = super()._insert_events(c, stored_events, **kwargs)
+        ids = self._insert_rows(c, stored_events)
         unchanged: Versions | None = kwargs.get("unchanged")
         if unchanged:
             # The insert took the write lock, so this sees every committed write;
@@ -116,12 +125,10 @@ class KandevSQLiteRecorder(SQLiteApplicationRecorder):
                 )
                 if c.fetchone() is not None:
                     raise StreamsAdvanced("a stream this save depends on has moved on")
-        self._chain(c, stored_events)
         views: ViewRows | None = kwargs.get("views")
         if views:  # the inline projections' rows, in this transaction
             apply_sqlite(c, views, list(ids or ()))
         return ids
-
 
     def create_table(self) -> None:
         super().create_table()
@@ -138,29 +145,50 @@ class KandevSQLiteRecorder(SQLiteApplicationRecorder):
             self._chain_column = any(row[1] == "chain_hash" for row in c.fetchall())
         return self._chain_column
 
-    def _chain(self, c: Any, stored_events: Sequence[StoredEvent]) -> None:
-        """Each event's chain hash (docs/auditing.md), in the save's
-        transaction: the single writer holds the lock, so a stream's previous
-        row is still. An old row without a hash leaves the stream's new ones NULL."""
-        if not self._has_chain_column(c):
-            return  # a store db init has not upgraded yet
+    def _insert_rows(self, c: Any, stored_events: Sequence[StoredEvent]) -> list[int]:
+        """The events with their chain hashes (docs/auditing.md) in the INSERT,
+        so each row is written once: those storage/chains.py knows, then, in
+        this write transaction (the single writer holds the lock, so a
+        stream's previous row is still), those whose previous is a stored row."""
+        if not self._has_chain_column(c):  # a store db init has not upgraded yet
+            return list(super()._insert_events(c, stored_events) or ())
+        hashes: list[bytes | None] = (known_chain_hashes(stored_events) if self.save_chains
+                                      else [None] * len(stored_events))
+        ids = []
+        for event, value in zip(stored_events, hashes, strict=True):
+            key = event.originator_id
+            c.execute(self._insert_chained, (
+                key.hex if isinstance(key, uuid.UUID) else key, event.originator_version,
+                event.topic, event.state, value,
+            ))
+            ids.append(int(c.lastrowid))
+        if self.save_chains and None in hashes:
+            self._chain_from_stored(c, stored_events, hashes)
+        return ids
+
+    def _chain_from_stored(self, c: Any, stored_events: Sequence[StoredEvent],
+                           hashes: list[bytes | None]) -> None:
+        """The chain hashes whose previous is a stored row (a stream that goes
+        on). An old row without a hash leaves the stream's new ones NULL."""
         made: dict[tuple[uuid.UUID, int], bytes | None] = {}
         rows = []
-        for event in stored_events:
+        for event, value in zip(stored_events, hashes, strict=True):
             key, version = uuid.UUID(str(event.originator_id)), event.originator_version
-            previous: bytes | None = GENESIS if version == 1 else made.get((key, version - 1))
-            if previous is None and version > 1 and (key, version - 1) not in made:
-                c.execute(
-                    f"SELECT chain_hash FROM {self.events_table_name}"
-                    " WHERE originator_id = ? AND originator_version = ?",
-                    (key.hex, version - 1),
-                )
-                row = c.fetchone()
-                previous = None if row is None or row[0] is None else bytes(row[0])
-            value = (None if previous is None
-                     else chain_hash(key, version, previous, event.topic, event.state))
+            if value is None:
+                if (key, version - 1) in made:
+                    previous = made[(key, version - 1)]
+                else:
+                    c.execute(
+                        f"SELECT chain_hash FROM {self.events_table_name}"
+                        " WHERE originator_id = ? AND originator_version = ?",
+                        (key.hex, version - 1),
+                    )
+                    row = c.fetchone()
+                    previous = None if row is None or row[0] is None else bytes(row[0])
+                value = (None if previous is None
+                         else chain_hash(key, version, previous, event.topic, event.state))
+                rows.append((value, key.hex, version))
             made[(key, version)] = value
-            rows.append((value, key.hex, version))
         c.executemany(
             f"UPDATE {self.events_table_name} SET chain_hash = ?"
             " WHERE originator_id = ? AND originator_version = ?",
