@@ -27,18 +27,21 @@ from typing import Any
 from kandev_es.projections.base import db_id, event_topics, load_dtos
 from kandev_es.projections.tasks import advance
 
+from kandev_es.domain.ids import namespace
 from kandev_es.domain.task import TASK_ACTIVE, Task
 from kandev_es.storage.database import Transaction
 from kandev_es.storage.tables import TableSet
 
 FEED_NAMESPACE = uuid.UUID("3a1d6f0c-9b7e-4c52-8e14-7f2b5d9c0a61")
+_feed_name_id = namespace(FEED_NAMESPACE)
 TASK_CREATED = "task.created"
 TASK_UPDATED = "task.updated"
 UPDATES = (Task.Updated, Task.Archived, Task.ExternalIdCleared)
 
 
-def feed_event_id(originator_id: uuid.UUID, originator_version: int) -> uuid.UUID:
-    return uuid.uuid5(FEED_NAMESPACE, f"{originator_id}:{originator_version}")
+def feed_event_id(originator_id: uuid.UUID | str, originator_version: int) -> uuid.UUID:
+    """``originator_id`` as a UUID or its text (the same id either way)."""
+    return _feed_name_id(f"{originator_id}:{originator_version}")
 
 
 def feed_source(workspace_id: object) -> str:
@@ -60,11 +63,12 @@ def feed_row(
 ) -> tuple[Any, ...]:
     """A feed row after its position: (workspace, id, type, subject, timestamp,
     data); ``text``: the DTO as JSON already, if made."""
+    subject = dto["id"]  # the task's id as text: the event's originator
     return (
         dto["workspace_id"],
-        str(feed_event_id(event.originator_id, event.originator_version)),
+        str(feed_event_id(subject, event.originator_version)),
         kind,
-        str(event.originator_id),
+        subject,
         event.timestamp.isoformat(),
         json.dumps(dto) if text is None else text,
     )

@@ -169,6 +169,9 @@ class Probes:
             probe.start()
 
     def stop(self) -> None:
+        """In the order given: a probe's stop may wait (the lag prober's for
+        its stream to end), so a sampling one goes first, never sampling on
+        past the load."""
         for probe in self.probes:
             probe.stop()
 
@@ -286,7 +289,7 @@ def scaling(
                                                       schema)
                         created, found, failed = http_rates(
                             port, side_token, side_workspace, clients, seconds, found_outcome,
-                            f"SC{clients}", Probes(prober, covers) if prober and covers else None,
+                            f"SC{clients}", Probes(covers, prober) if prober and covers else None,
                         )
                         failures[side].update(failed)
                         rates[side] = (created, found)  # in the order measured

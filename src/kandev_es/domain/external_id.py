@@ -15,10 +15,12 @@ import functools
 import re
 import uuid
 
+from kandev_es.domain.ids import namespace
 from kandev_es.errors import InvalidExternalId
 
 MAX_EXTERNAL_ID_BYTES = 255
 IDENTITY_NAMESPACE = uuid.UUID("6f6b9c1e-5c7a-4d0e-9a43-2f1d8f6a0b71")
+_identity_name_id = namespace(IDENTITY_NAMESPACE)
 
 
 _ASCII_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -68,4 +70,4 @@ def require_external_id(raw: object) -> str:
 def identity_id(workspace_id: uuid.UUID, external_id: str) -> uuid.UUID:
     """Aggregate id of the identity: the event store's unique (originator_id,
     version) index is then the uniqueness backstop."""
-    return uuid.uuid5(IDENTITY_NAMESPACE, f"{workspace_id}\x00{external_id}")
+    return _identity_name_id(f"{workspace_id}\x00{external_id}")
