@@ -27,7 +27,7 @@ from typing import Any
 from kandev_es.projections.base import db_id, event_topics, load_dtos
 from kandev_es.projections.tasks import advance
 
-from kandev_es.domain.name_ids import namespace
+from kandev_es.domain.ids import namespace
 from kandev_es.domain.task import TASK_ACTIVE, Task
 from kandev_es.storage.database import Transaction
 from kandev_es.storage.tables import TableSet

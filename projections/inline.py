@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kandev_es.projections.feeds import feed_kind, feed_row
@@ -36,7 +36,13 @@ _ENDED = (COMPLETED, ABORTED)
 class InlineViews:
     """``Tasks.inline``: the view rows of one save."""
 
-    def __call__(self, events: Sequence[Any], aggregates: Sequence[Any]) -> ViewRows:
+    def __call__(
+        self,
+        events: Sequence[Any],
+        aggregates: Sequence[Any],
+        dtos: Mapping[uuid.UUID, dict[str, Any]] | None = None,
+    ) -> ViewRows:
+        """``dtos``: tasks' DTOs after the save, where the saver made them."""
         views: dict[str, list[tuple[Any, ...]]] = {}
         indexed: dict[uuid.UUID, list[tuple[int, Any]]] = {}
         for index, event in enumerate(events):
@@ -46,7 +52,8 @@ class InlineViews:
             if not own:
                 continue
             if isinstance(aggregate, Task):
-                _task_rows(views, aggregate, own)
+                made = dtos.get(aggregate.id) if dtos else None
+                _task_rows(views, aggregate, own, made)
             elif isinstance(aggregate, Identity):
                 _identity_rows(views, aggregate, own)
         return views
@@ -57,10 +64,13 @@ def _add(views: dict[str, list[tuple[Any, ...]]], key: str, row: tuple[Any, ...]
 
 
 def _task_rows(
-    views: dict[str, list[tuple[Any, ...]]], task: Task, events: list[tuple[int, Any]]
+    views: dict[str, list[tuple[Any, ...]]],
+    task: Task,
+    events: list[tuple[int, Any]],
+    made: dict[str, Any] | None = None,
 ) -> None:
     gone = task.deleted or task.phase == TASK_ABORTED
-    final = None if gone else task_dto(task)
+    final = None if gone else made if made is not None else task_dto(task)
     key = str(task.id) if final is None else final["id"]
     born = events[0][0] if isinstance(events[0][1], Task.Created) else None
     if final is None:

@@ -5,8 +5,10 @@ has it (read your writes)."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
+import socket
 import threading
 import time
 import uuid
@@ -170,9 +172,14 @@ class StreamWatcher:
         self.token = token
         self.arrived: dict[str, float] = {}
         self.failure: str | None = None
+        self.stopping = False
         self.thread = threading.Thread(target=self.run, daemon=True)
 
     def start(self) -> None:
+        self.conn.connect()
+        # The socket itself: http.client lets go of it once the response is
+        # read to the connection's end, and only shutting it down ends the read.
+        self.sock = self.conn.sock
         self.conn.request("GET", self.path, headers={"Authorization": f"Bearer {self.token}"})
         self.response = self.conn.getresponse()
         assert self.response.status == 200, self.response.status
@@ -190,11 +197,20 @@ class StreamWatcher:
                 elif line.startswith(b"data: ") and kind == "task.created":
                     self.arrived.setdefault(json.loads(line[6:])["subject"], time.perf_counter())
         except (OSError, http.client.HTTPException, ValueError) as error:
-            self.failure = type(error).__name__
+            if not self.stopping:
+                self.failure = type(error).__name__
 
     def stop(self) -> None:
-        self.conn.close()  # ends the read: the server ends the stream at its next write
+        # Closing the connection alone leaves the socket open under the
+        # response being read (and the server pushing to it): shut it down,
+        # which also ends the blocked read; the server ends the stream at its
+        # next write.
+        self.stopping = True
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
         self.thread.join(timeout=WAIT_S)
+        self.response.close()
+        self.conn.close()
 
     def lags(self, samples: list[Sample]) -> dict[str, Any]:
         """ms from each probe's acknowledgement to its task.created on the

@@ -35,8 +35,11 @@ from kandev_es.storage.streams import StreamsAdvanced
 from kandev_es.storage.transcoder import EventTranscoder
 from kandev_es.storage.view_writes import ViewRows, ViewsFailed
 
-# Makes a save's read-model rows from its events and aggregates.
-InlineViews = Callable[[Sequence[Any], Sequence[Aggregate]], ViewRows]
+# A task's DTO (views.task_dto) by task id, as its saver already made it.
+TaskDtos = Mapping[uuid.UUID, dict[str, Any]]
+# Makes a save's read-model rows from its events and aggregates (and the
+# DTOs of its tasks after the save, where the saver has them).
+InlineViews = Callable[[Sequence[Any], Sequence[Aggregate], TaskDtos | None], ViewRows]
 
 A = TypeVar("A", bound=Aggregate)
 L = TypeVar("L")
@@ -395,7 +398,10 @@ class Tasks(Application):  # type: ignore[type-arg]
         ]
 
     def _write(
-        self, aggregates: Sequence[Aggregate], kwargs: Mapping[str, Any]
+        self,
+        aggregates: Sequence[Aggregate],
+        kwargs: Mapping[str, Any],
+        dtos: TaskDtos | None = None,
     ) -> tuple[list[Any], list[StoredEvent], Sequence[int]]:
         """Every save's write: the aggregates' pending events, mapped and
         inserted in one recorder call. It is what the library's
@@ -412,7 +418,8 @@ class Tasks(Application):  # type: ignore[type-arg]
         try:
             # The read-model rows of these events, written by the recorder in
             # the same transaction (storage/view_writes.py).
-            views = self.inline(events, aggregates) if self.inline is not None else None
+            inline = self.inline
+            views = inline(events, aggregates, dtos) if inline is not None else None
             ids = self.recorder.insert_events(stored, views=views, **kwargs)
         except ViewsFailed as error:
             metrics.record_projection_failure()
@@ -422,17 +429,22 @@ class Tasks(Application):  # type: ignore[type-arg]
 
     @tracing.traced("save")
     def save_atomically(
-        self, *aggregates: Aggregate, unchanged: Mapping[uuid.UUID, int] | None = None
+        self,
+        *aggregates: Aggregate,
+        unchanged: Mapping[uuid.UUID, int] | None = None,
+        dtos: TaskDtos | None = None,
     ) -> int:
         """Save all pending events in one transaction; return the last
         notification id. A version clash becomes ``VersionConflict``. With
         ``unchanged`` ({aggregate id: version read}), nothing is saved — also
-        ``VersionConflict`` — if any of those streams has moved on since."""
+        ``VersionConflict`` — if any of those streams has moved on since.
+        ``dtos``: saved tasks' DTOs as they are after this save, made by the
+        caller anyway (its answer), so the inline views do not make them again."""
         kwargs = {"unchanged": dict(unchanged)} if unchanged else {}
         try:
             with self._store_call():
                 if self._direct_save:
-                    ids = self._write(aggregates, kwargs)[2]
+                    ids = self._write(aggregates, kwargs, dtos)[2]
                 else:
                     ids = [r.notification.id for r in self.save(*aggregates, **kwargs)]
         except (IntegrityError, StreamsAdvanced):

@@ -144,52 +144,72 @@ def _within(size: int, bounds: _Bounds) -> bool:
 
 _RULES = _plain_rules(_SCHEMA)
 _NAMES = frozenset(rule[0] for rule in _RULES or ())
+_BY_NAME = {rule[0]: rule for rule in _RULES or ()}
+# What an empty body loads to, in the schema's order: each field's default
+# (a factory, for a fresh list, called per load), ``missing`` for a required
+# one. A body then only overwrites its own fields, which keep their place:
+# the loop runs over the few fields a body has, not every rule. Only when
+# every field is required or has a default (else an absent field would be
+# left out, a present one put last).
+_TEMPLATE: dict[str, Any] | None = (
+    {name: missing if required else default for name, _, required, _, default, _, _ in _RULES}
+    if _RULES is not None and all(rule[2] or rule[4] is not missing for rule in _RULES)
+    else None
+)
+_REQUIRED = tuple(rule[0] for rule in _RULES or () if rule[2])
+_FACTORIES = tuple(rule[0] for rule in _RULES or () if not rule[2] and callable(rule[4]))
 
 
 def _plain_load(body: Mapping[str, Any]) -> dict[str, Any] | None:
     """What ``_SCHEMA.load(body)`` returns, key order included, for a body it
     would load without changing a value's type (a title is stripped); None
     for anything else."""
-    if _RULES is None or not body.keys() <= _NAMES:
+    if _TEMPLATE is None or not body.keys() <= _NAMES:
         return None
-    loaded: dict[str, Any] = {}
-    for name, kind, required, allow_none, default, bounds, items in _RULES:
-        value = body.get(name, missing)
-        if value is missing:
-            if required:
-                return None
-            if default is not missing:
-                loaded[name] = default() if callable(default) else default
-            continue
+    loaded = dict(_TEMPLATE)
+    for name, value in body.items():
+        _, kind, _, allow_none, _, bounds, items = _BY_NAME[name]
         if value is None:
             if not allow_none:
                 return None
             loaded[name] = None
             continue
-        if kind == "str" or kind == "title":
-            if type(value) is not str:
-                return None
-            if kind == "title":
-                value = value.strip()
-                if not value:
-                    return None
-            if not _within(len(value), bounds):
-                return None
-        elif kind == "uuid":
-            if type(value) is not str:
-                return None
-            try:
-                value = uuid.UUID(value)
-            except ValueError:
-                return None
-        elif kind == "bool":
-            if type(value) is not bool:
-                return None
-        else:  # a list of strings
-            if type(value) is not list or not _within(len(value), bounds):
-                return None
-            if any(type(item) is not str or not _within(len(item), items) for item in value):
-                return None
-            value = list(value)
+        value = _plain_value(kind, value, bounds, items)
+        if value is missing:
+            return None
         loaded[name] = value
+    for name in _REQUIRED:
+        if loaded[name] is missing:
+            return None
+    for name in _FACTORIES:
+        if name not in body:
+            loaded[name] = loaded[name]()
     return loaded
+
+
+def _plain_value(kind: str, value: Any, bounds: _Bounds, items: _Bounds) -> Any:
+    """A present, non-null value as the schema loads it; ``missing`` for one
+    the plain rules do not cover."""
+    if kind == "str" or kind == "title":
+        if type(value) is not str:
+            return missing
+        if kind == "title":
+            value = value.strip()
+            if not value:
+                return missing
+        return value if _within(len(value), bounds) else missing
+    if kind == "uuid":
+        if type(value) is not str:
+            return missing
+        try:
+            return uuid.UUID(value)
+        except ValueError:
+            return missing
+    if kind == "bool":
+        return value if type(value) is bool else missing
+    # a list of strings
+    if type(value) is not list or not _within(len(value), bounds):
+        return missing
+    if any(type(item) is not str or not _within(len(item), items) for item in value):
+        return missing
+    return list(value)

@@ -28,6 +28,7 @@ from kandev_es.creation.validation import validate_against_workspace
 from kandev_es.domain import creation
 from kandev_es.domain.external_id import identity_id, normalize_external_id
 from kandev_es.domain.identity import ABORTED, OUTCOME_CREATED_IDENTITY_LOST, Identity
+from kandev_es.domain.ids import random_id
 from kandev_es.domain.plan import CreationPlan
 from kandev_es.domain.principal import Principal, Unconfirmed
 from kandev_es.domain.task import Task
@@ -65,6 +66,7 @@ class _Claimed:
     task: Task
     handle: str
     outcome: str | None
+    dto: dict[str, Any] | None = None  # the task's, made for the inline save
 
 
 class CreationService:
@@ -357,24 +359,29 @@ class CreationService:
         found = self._holders.found(identity)
         if found is not None:
             return found
+        actor = principal.actor
         number, task = creation.claim(
             identity,
             plan,
-            task_id=uuid.uuid4(),
-            owner_id=f"{self._owner_prefix}:{uuid.uuid4()}",
-            actor=principal.actor,
+            task_id=random_id(),
+            owner_id=f"{self._owner_prefix}:{random_id()}",
+            actor=actor,
             lease_expires_at=datetime.now(UTC) + self._lease,
-            handle_hash=handle_hash(secret, principal.actor, plan.plan_hash),
+            handle_hash=handle_hash(secret, actor, plan.plan_hash),
             completed=unchanged is not None,
             request_id=serving.current_request_id(),
             traceparent=tracing.traceparent(),
         )
         outcome = identity.tenure(number).outcome if unchanged is not None else None
+        # An inline plan's task is final now: its DTO is the answer's and the
+        # read model's alike, made once.
+        dto = task_dto(task) if unchanged is not None else None
         try:
             self._app.save_atomically(
                 identity,
                 task,
                 unchanged={unchanged.id: unchanged.version} if unchanged is not None else None,
+                dtos={task.id: dto} if dto is not None else None,
             )
         except VersionConflict:
             return None
@@ -384,13 +391,14 @@ class CreationService:
         )
         failpoints.hit(self._settings, "claim:after")
         handle = str(Handle(identity.id, number, secret))
-        return _Claimed(identity.id, number, task, handle, outcome)
+        return _Claimed(identity.id, number, task, handle, outcome, dto)
 
     def _settle(self, claimed: _Claimed) -> CreateResult:
         """Drive a claimed creation to its end (steps 8-9) and answer. An
         inline plan settled in its claim: only the answer is left."""
         if claimed.outcome is not None:
-            return CreateResult(_created(claimed.outcome), task_dto(claimed.task), claimed.handle)
+            dto = claimed.dto if claimed.dto is not None else task_dto(claimed.task)
+            return CreateResult(_created(claimed.outcome), dto, claimed.handle)
         try:
             done = self._driver.drive(claimed.identity_id, claimed.number, epoch=0)
         except Fenced:

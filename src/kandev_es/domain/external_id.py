@@ -15,7 +15,7 @@ import functools
 import re
 import uuid
 
-from kandev_es.domain.name_ids import namespace
+from kandev_es.domain.ids import namespace
 from kandev_es.errors import InvalidExternalId
 
 MAX_EXTERNAL_ID_BYTES = 255

@@ -1,5 +1,5 @@
 """An identity's id and a feed entry's id are ``uuid.uuid5`` of their names,
-whichever function derives them (domain/name_ids.py): ids stored before and
+whichever function derives them (domain/ids.py): ids stored before and
 after must match, or a retry would not find its identity."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from kandev_es.projections.feeds import FEED_NAMESPACE, feed_event_id
 
 from kandev_es.domain.external_id import IDENTITY_NAMESPACE, identity_id
-from kandev_es.domain.name_ids import namespace
+from kandev_es.domain.ids import namespace, random_id
 
 
 @given(st.uuids(), st.text(max_size=300))
@@ -31,3 +31,11 @@ def test_identity_and_feed_ids_are_the_ones_stored_before() -> None:
     task = uuid.uuid4()
     assert feed_event_id(task, 3) == feed_event_id(str(task), 3) == uuid.uuid5(
         FEED_NAMESPACE, f"{task}:3")
+
+
+def test_a_random_id_is_a_version_4_uuid_like_uuid4s() -> None:
+    made = {random_id() for _ in range(1000)}
+    assert len(made) == 1000
+    for one in made:
+        assert (one.version, one.variant, one.is_safe) == (4, uuid.RFC_4122, uuid.uuid4().is_safe)
+        assert uuid.UUID(str(one)) == one and hash(uuid.UUID(str(one))) == hash(one)
