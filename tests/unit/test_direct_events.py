@@ -120,3 +120,17 @@ def test_a_bad_event_is_refused_as_the_library_refuses_it() -> None:
     with pytest.raises(AssertionError):  # a created event applied to an existing aggregate
         identity.pending_events[0].mutate(identity)
     assert identity.version == 1 and len(identity.pending_events) == 1
+
+
+def test_an_init_parameter_no_event_field_names_keeps_its_default() -> None:
+    from eventsourcing.domain import Aggregate
+
+    class Sparse(DirectEvents, Aggregate):
+        class Started(DirectInit, Aggregate.Created):
+            name: str
+
+        def __init__(self, name: str, size: int = 3) -> None:
+            self.name, self.size = name, size
+
+    made = Sparse._create(Sparse.Started, id=uuid.UUID(int=7), name="x")
+    assert (made.name, made.size, made.version) == ("x", 3, 1)

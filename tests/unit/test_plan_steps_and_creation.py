@@ -4,6 +4,8 @@ and Task from the plan alone, and completes them, without I/O."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -200,3 +202,15 @@ def test_a_full_wip_ledger_refuses_with_the_limit() -> None:
     refusal = creation.admission_refusal(workspace, ledger)
     assert isinstance(refusal, CapacityExceeded)
     assert (refusal.code, refusal.details) == ("capacity_exhausted", {"wip_limit": 1})
+
+
+def test_the_manifest_is_every_field_in_order_and_its_hash_the_canonical_json_one() -> None:
+    plan = make_plan(started_by_run=None)
+    expected = {name: getattr(plan, name) for name in plan.__dataclass_fields__}
+    del expected["started_by_run"]  # left out when None
+    expected.update(workspace_id=str(WORKSPACE), parent_id=str(plan.parent_id))
+    assert list(plan.to_manifest().items()) == list(expected.items())
+    assert plan.to_manifest()["repositories"] is not plan.repositories  # copies
+    canonical = json.dumps(expected, sort_keys=True, separators=(",", ":"))
+    assert plan.plan_hash == hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+    assert make_plan(started_by_run="run-1").to_manifest()["started_by_run"] == "run-1"

@@ -16,24 +16,33 @@ stored bytes. tests/unit/test_direct_events.py compares both ways.
 from __future__ import annotations
 
 import inspect
+import operator
 import uuid
+from collections.abc import Callable
 from typing import Any, Self, cast
 
 from eventsourcing.utils import get_topic, resolve_topic
 
-# Per aggregate class: its __init__'s parameter names but self, and whether
-# one of them is ``id`` (which the created event gives as originator_id).
-_INIT_PARAMETERS: dict[type[Any], tuple[tuple[str, ...], bool]] = {}
+# Per aggregate class: its __init__'s parameter names but self, whether one of
+# them is ``id`` (which the created event gives as originator_id), and, when
+# all are plain positional-or-keyword ones other than ``id``, a getter of
+# their values from an event's fields in order (one C call).
+_Parameters = tuple[tuple[str, ...], bool, Callable[[dict[str, Any]], tuple[Any, ...]] | None]
+_INIT_PARAMETERS: dict[type[Any], _Parameters] = {}
 
 
-def _init_parameters(aggregate_class: type[Any]) -> tuple[tuple[str, ...], bool]:
+def _init_parameters(aggregate_class: type[Any]) -> _Parameters:
     found = _INIT_PARAMETERS.get(aggregate_class)
     if found is None:
-        names = tuple(inspect.signature(aggregate_class.__init__).parameters)[1:]
-        found = _INIT_PARAMETERS[aggregate_class] = (
-            tuple(name for name in names if name != "id"),
-            "id" in names,
+        parameters = list(inspect.signature(aggregate_class.__init__).parameters.values())[1:]
+        names = tuple(p.name for p in parameters if p.name != "id")
+        with_id = len(names) < len(parameters)
+        positional = not with_id and all(
+            p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in parameters
         )
+        # The extra key makes itemgetter answer a tuple for any count of names.
+        pick = operator.itemgetter(*names, "originator_id") if positional else None
+        found = _INIT_PARAMETERS[aggregate_class] = (names, with_id, pick)
     return found
 
 
@@ -49,11 +58,18 @@ class DirectInit:
         aggregate_class = resolve_topic(state["originator_topic"])
         made = aggregate_class.__new__(aggregate_class)
         made.__base_init__(state["originator_id"], state["originator_version"], state["timestamp"])
-        names, with_id = _init_parameters(aggregate_class)
-        arguments = {name: state[name] for name in names if name in state}
-        if with_id:
-            arguments["id"] = state["originator_id"]
-        made.__init__(**arguments)
+        names, with_id, pick = _init_parameters(aggregate_class)
+        try:
+            if pick is None:
+                raise KeyError
+            values = pick(state)[:-1]
+        except KeyError:  # not every parameter is a field: only those that are
+            arguments = {name: state[name] for name in names if name in state}
+            if with_id:
+                arguments["id"] = state["originator_id"]
+            made.__init__(**arguments)
+        else:
+            made.__init__(*values)
         cast(Any, self).apply(made)
         return made
 

@@ -56,7 +56,7 @@ class EventTranscoder(JSONTranscoder):
     def _inline_default(self, o: Any) -> dict[str, Any]:
         kind = type(o)
         if kind is uuid.UUID and self._uuid_hex:
-            return {"_type_": "uuid_hex", "_data_": o.hex}
+            return {"_type_": "uuid_hex", "_data_": f"{o.int:032x}"}  # UUID.hex, inlined
         if kind is datetime and self._datetime_iso:
             return {"_type_": "datetime_iso", "_data_": o.isoformat()}
         return self._encode_obj(o)
