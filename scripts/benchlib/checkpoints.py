@@ -41,6 +41,7 @@ class CheckpointProber:
         self.acked: dict[str, float] = {}  # task id -> perf_counter at its 200
         self.covered: dict[str, float] = {}  # task id -> seconds until covered
         self.logged: dict[str, float] = {}  # task id -> seconds until its leaf was seen
+        self.stopped = float("inf")  # perf_counter when the load stopped
         self.failures: Counter[str] = Counter()
         self.lock = threading.Lock()
         self.sampling = threading.Event()
@@ -54,6 +55,7 @@ class CheckpointProber:
 
     def stop(self) -> None:
         """Stops sampling (the load stopped); coverage is still watched."""
+        self.stopped = time.perf_counter()
         self.sampling.set()
         self.sampler.join(timeout=WAIT_S)
 
@@ -106,9 +108,13 @@ class CheckpointProber:
         with self.lock:
             times, missing = list(self.covered.values()), len(self.acked) - len(self.covered)
             logged = list(self.logged.values())
+            # Whether the sequencer keeps up during the load, or catches up after it.
+            late = sum(self.acked[task] + seconds > self.stopped
+                       for task, seconds in self.logged.items())
         return {**coverage_summary(times, missing),
                 "logged_p50_s": round(percentile(logged, 0.5), 3) if logged else None,
                 "logged_p99_s": round(percentile(logged, 0.99), 3) if logged else None,
+                "logged_after_the_load": late,
                 "failed_requests": dict(self.failures)}
 
 
@@ -160,6 +166,7 @@ def coverage_under_load(rounds: list[dict[str, Any]]) -> dict[str, Any] | None:
         "max_s": max(values("max_s"), default=None),
         "logged_p50_s": median_of("logged_p50_s"),
         "logged_p99_s": median_of("logged_p99_s"),
+        "logged_after_the_load": sum(probe.get("logged_after_the_load", 0) for probe in probes),
         "samples": sum(probe["samples"] for probe in probes),
         "missing": sum(probe["missing"] for probe in probes),
         "failed_requests": dict(failed),
@@ -171,7 +178,8 @@ def coverage_under_load(rounds: list[dict[str, Any]]) -> dict[str, Any] | None:
         " Created event (samples still uncovered when the load stops are waited for, up to"
         f" {int(COVER_BOUND_S)} s, else missing). p50_s and p99_s are medians over the rounds,"
         " max_s the largest of any round (each round's own under 'rounds'); logged_*: until"
-        " the sequencer had appended the leaf, before any checkpoint; the server runs"
+        " the sequencer had appended the leaf, before any checkpoint; logged_after_the_load:"
+        " samples whose leaf was appended only once the load had stopped; the server runs"
         " with the default KANDEV_LEDGER_CHECKPOINT_SECONDS and _EVENTS",
     }
 
