@@ -7,7 +7,6 @@ events and signs every KANDEV_LEDGER_CHECKPOINT_SECONDS or _EVENTS)."""
 from __future__ import annotations
 
 import http.client
-import statistics
 import threading
 import time
 import uuid
@@ -16,7 +15,15 @@ from typing import Any
 
 import psycopg
 
-from benchlib.common import LAG_CLIENTS, WAIT_S, body, percentile
+from benchlib.common import (
+    LAG_CLIENTS,
+    WAIT_S,
+    body,
+    failed_requests,
+    median_over,
+    percentile,
+    round_probes,
+)
 from benchlib.database import connect
 from benchlib.server import Client
 
@@ -145,31 +152,21 @@ def coverage_under_load(rounds: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The rounds' coverage times: medians of their p50s and p99s, the largest
     of their maxima (what the target reads), samples and missing summed; None
     when no round probed (LAG_CLIENTS not among the client counts)."""
-    probes = [run["checkpoint_coverage_under_load"] for run in rounds
-              if "checkpoint_coverage_under_load" in run]
+    probes = round_probes(rounds, "checkpoint_coverage_under_load")
     if not probes:
         return None
-
-    def values(key: str) -> list[float]:
-        return [probe[key] for probe in probes if probe.get(key) is not None]
-
-    def median_of(key: str) -> float | None:
-        return round(statistics.median(values(key)), 3) if values(key) else None
-
-    failed: Counter[str] = Counter()
-    for probe in probes:
-        failed.update(probe["failed_requests"])
+    maxima = [probe["max_s"] for probe in probes if probe.get("max_s") is not None]
     return {
         "clients": LAG_CLIENTS,
-        "p50_s": median_of("p50_s"),
-        "p99_s": median_of("p99_s"),
-        "max_s": max(values("max_s"), default=None),
-        "logged_p50_s": median_of("logged_p50_s"),
-        "logged_p99_s": median_of("logged_p99_s"),
+        "p50_s": median_over(probes, "p50_s", 3),
+        "p99_s": median_over(probes, "p99_s", 3),
+        "max_s": max(maxima, default=None),
+        "logged_p50_s": median_over(probes, "logged_p50_s", 3),
+        "logged_p99_s": median_over(probes, "logged_p99_s", 3),
         "logged_after_the_load": sum(probe.get("logged_after_the_load", 0) for probe in probes),
         "samples": sum(probe["samples"] for probe in probes),
         "missing": sum(probe["missing"] for probe in probes),
-        "failed_requests": dict(failed),
+        "failed_requests": failed_requests(probes),
         "rounds": len(probes),
         "note": f"while kandev-es takes the {LAG_CLIENTS}-client Created load, a thread of the"
         f" bench creates its own tasks one at a time ({int(SAMPLE_PAUSE_S * 1000)} ms apart)"

@@ -4,10 +4,12 @@ many threads, percentiles and ratios, a create's body, the load average."""
 from __future__ import annotations
 
 import os
+import statistics
 import sys
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -97,3 +99,22 @@ def body(workspace: uuid.UUID, external_id: str | None, title: str = "bench") ->
 def load_average() -> list[float]:
     """The machine's load average over 1, 5 and 15 minutes (os.getloadavg)."""
     return [round(value, 2) for value in os.getloadavg()]
+
+
+def round_probes(rounds: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
+    """What a prober measured in each round that ran it (``round[key]``)."""
+    return [run[key] for run in rounds if key in run]
+
+
+def median_over(probes: list[dict[str, Any]], key: str, digits: int) -> float | None:
+    """The median over the rounds of ``probe[key]`` (None where absent)."""
+    values = [probe[key] for probe in probes if probe.get(key) is not None]
+    return round(statistics.median(values), digits) if values else None
+
+
+def failed_requests(probes: list[dict[str, Any]]) -> dict[str, int]:
+    """The rounds' failed requests, counted together by kind."""
+    failed: Counter[str] = Counter()
+    for probe in probes:
+        failed.update(probe["failed_requests"])
+    return dict(failed)

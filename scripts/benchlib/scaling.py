@@ -23,8 +23,11 @@ from benchlib.common import (
     body,
     concurrent_count,
     concurrent_rate,
+    failed_requests,
     load_average,
+    median_over,
     ratio,
+    round_probes,
     say,
 )
 from benchlib.cost import COST_CONFIG, COST_NOTE, cost_tables, same_servers
@@ -110,22 +113,13 @@ def lag_under_load(rounds: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The rounds' projection lags under load: the median of their p50s and of
     their p99s (the p99 is what the target reads), samples and missing summed;
     None when no round probed (LAG_CLIENTS not among the client counts)."""
-    probes = [run["projection_lag_under_load"] for run in rounds
-              if "projection_lag_under_load" in run]
+    probes = round_probes(rounds, "projection_lag_under_load")
     if not probes:
         return None
-
-    def median_of(key: str) -> float | None:
-        values = [probe[key] for probe in probes if probe[key] is not None]
-        return round(statistics.median(values), 1) if values else None
-
-    failed: Counter[str] = Counter()
-    for probe in probes:
-        failed.update(probe["failed_requests"])
     return {
         "clients": LAG_CLIENTS,
-        "p50_ms": median_of("p50_ms"),
-        "p99_ms": median_of("p99_ms"),
+        "p50_ms": median_over(probes, "p50_ms", 1),
+        "p99_ms": median_over(probes, "p99_ms", 1),
         "samples": sum(probe["samples"] for probe in probes),
         "missing": sum(probe["missing"] for probe in probes),
         "not_listed_at_once": sum(probe.get("not_listed_at_once", 0) for probe in probes),
@@ -135,7 +129,7 @@ def lag_under_load(rounds: list[dict[str, Any]]) -> dict[str, Any] | None:
         "first_poll_round_trip_ms_p99": median_nested(probes, "first_poll_round_trip_ms", "p99"),
         "created_round_trip_ms_p50": median_nested(probes, "created_round_trip_ms", "p50"),
         "created_round_trip_ms_p99": median_nested(probes, "created_round_trip_ms", "p99"),
-        "failed_requests": dict(failed),
+        "failed_requests": failed_requests(probes),
         "stream": {
             "p50_ms": median_nested(probes, "stream", "p50_ms"),
             "p99_ms": median_nested(probes, "stream", "p99_ms"),
