@@ -9,20 +9,31 @@ writer first queues on its own gate (up to WRITER_WAIT seconds) and joins the
 shared queue only when no other writer holds a connection, so a reader's wait
 is at most one connection hand-out. WAL mode lets readers read while the
 writer writes. The pool holds enough connections for every request thread.
+
+A writer's transaction begins IMMEDIATE (``ImmediateConnection``): the
+library's plain BEGIN defers the lock to the first write, and a transaction
+that read first (the library's tracking-table check, our chain-column check,
+any later read-then-write) fails at once with "database is locked", with no
+busy wait, when another process commits between its read and its write.
 """
 
 from __future__ import annotations
 
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
 from threading import Lock
 from time import monotonic
 from typing import Any
 
-from eventsourcing.persistence import ConnectionUnavailableError
+from eventsourcing.persistence import ConnectionUnavailableError, OperationalError
 from eventsourcing.sqlite import (
     SQLiteConnection,
     SQLiteConnectionPool,
+    SQLiteCursor,
     SQLiteDatastore,
     SQLiteFactory,
+    SQLiteTransaction,
 )
 
 # How long a save waits for the single writer before 503 store_unavailable.
@@ -32,10 +43,34 @@ POOL_SIZE = 16
 MAX_OVERFLOW = 112
 
 
+class ImmediateTransaction(SQLiteTransaction):
+    """The library's transaction, but one that commits takes the write lock
+    at BEGIN (waiting up to the busy timeout for another process's writer)."""
+
+    def __enter__(self) -> SQLiteCursor:
+        cursor = self.connection.cursor()
+        try:
+            cursor.execute("BEGIN IMMEDIATE" if self.commit else "BEGIN")
+        except sqlite3.OperationalError as error:  # the lock's wait ran out
+            raise OperationalError(error) from error
+        return cursor
+
+
+class ImmediateConnection(SQLiteConnection):
+    @contextmanager
+    def transaction(self, *, commit: bool) -> Iterator[SQLiteCursor]:
+        with ImmediateTransaction(self, commit=commit) as curs, curs:
+            yield curs
+
+
 class WriterGatedPool(SQLiteConnectionPool):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._writer_gate = Lock()
+
+    def _create_connection(self) -> SQLiteConnection:
+        made = super()._create_connection()
+        return ImmediateConnection(sqlite_conn=made._sqlite_conn, max_age=self.max_age)
 
     def get_connection(
         self, timeout: float | None = None, *, is_writer: bool | None = None
