@@ -95,9 +95,23 @@ def read_nodes(tx: Transaction, keys: Iterable[NodeKey]) -> dict[NodeKey, bytes]
 def previous_hashes(
     tx: Transaction, backend: str, wanted: Iterable[tuple[uuid.UUID, int]]
 ) -> dict[tuple[uuid.UUID, int], bytes]:
-    """The chain hashes of already sequenced events (stream, version)."""
+    """The chain hashes of already sequenced events (stream, version): on
+    PostgreSQL in one statement (a round trip each made the sequencer slower
+    than the saves under load), on SQLite a lookup each, in process."""
+    keys = sorted(set(wanted))
+    if not keys:
+        return {}
+    if backend == "postgres":
+        rows = tx.execute(
+            "SELECT l.originator_id, l.originator_version, l.chain_hash FROM ledger_leaves l"
+            " JOIN unnest(%b::uuid[], %b::bigint[]) AS w (stream, version)"
+            " ON l.originator_id = w.stream AND l.originator_version = w.version",
+            ([stream for stream, _ in keys], [version for _, version in keys]),
+        )
+        return {(uuid.UUID(str(stream)), int(version)): bytes(value)
+                for stream, version, value in rows}
     found: dict[tuple[uuid.UUID, int], bytes] = {}
-    for stream, version in set(wanted):
+    for stream, version in keys:
         rows = tx.execute(
             "SELECT chain_hash FROM ledger_leaves WHERE originator_id = ?"
             " AND originator_version = ?",
@@ -114,7 +128,23 @@ def append(
     leaves: Sequence[tuple[int, int, uuid.UUID, int, bytes]],
     nodes: Sequence[tuple[int, int, bytes]],
 ) -> None:
-    """Leaves (index, notification id, stream, version, chain hash) and nodes."""
+    """Leaves (index, notification id, stream, version, chain hash) and nodes;
+    on PostgreSQL one statement each (unnest of binary arrays), not a row each."""
+    if backend == "postgres":
+        if leaves:
+            tx.execute(
+                "INSERT INTO ledger_leaves (leaf_index, notification_id, originator_id,"
+                " originator_version, chain_hash) SELECT * FROM"
+                " unnest(%b::bigint[], %b::bigint[], %b::uuid[], %b::bigint[], %b::bytea[])",
+                [list(column) for column in zip(*leaves, strict=True)],
+            )
+        if nodes:
+            tx.execute(
+                "INSERT INTO ledger_nodes (level, node_index, hash)"
+                " SELECT * FROM unnest(%b::integer[], %b::bigint[], %b::bytea[])",
+                [list(column) for column in zip(*nodes, strict=True)],
+            )
+        return
     tx.executemany(
         "INSERT INTO ledger_leaves (leaf_index, notification_id, originator_id,"
         " originator_version, chain_hash) VALUES (?, ?, ?, ?, ?)",
