@@ -19,7 +19,7 @@ from typing import Any
 import psycopg
 
 from benchlib.common import concurrent_count, concurrent_rate, load_average, ratio, say
-from benchlib.cpu import PostgresSide, cpu_delta, cpu_ns
+from benchlib.cpu import PostgresSide, cpu_delta, own_cpu_ns
 from benchlib.database import connect, with_schema
 from kandev_es.bootstrap import bootstrap
 from kandev_es.config import Settings, postgres_target
@@ -141,6 +141,11 @@ def _chained_row(stores: dict[str, Any], postgres: PostgresSide, clients: int,
         "ratio": round(statistics.median(
             ratio(r["with"]["saves_per_s"], r["without"]["saves_per_s"]) for r in runs), 3),
         "cpu_us_per_save": {side: median(side, "cpu_us_per_save") for side in ("with", "without")},
+        # the savers' process (its client threads: one interpreter lock) and PostgreSQL's
+        "savers_cpu_us_per_save": {side: median(side, "savers_cpu_us_per_save")
+                                   for side in ("with", "without")},
+        "postgres_cpu_us_per_save": {side: median(side, "postgres_cpu_us_per_save")
+                                     for side in ("with", "without")},
         # without / with CPU per save: the rate ratio of a machine the saves saturate,
         # steadier than the rates on one busy with other work
         "cpu_ratio": round(statistics.median(
@@ -159,15 +164,21 @@ def _saves_and_cpu(recorder: Any, postgres: PostgresSide, clients: int,
     cpu: dict[str, Any] = {}
 
     def read(key: str) -> None:
-        cpu[key] = (cpu_ns(os.getpid()), postgres.cpu() or {})
+        cpu[key] = (own_cpu_ns(), postgres.cpu() or {})
 
     count, elapsed = concurrent_count(saver(recorder), clients, seconds,
                                       started_hook=lambda: read("before"),
                                       stopped_hook=lambda: read("after"))
-    spent = (cpu["after"][0] - cpu["before"][0]
-             + cpu_delta(cpu["before"][1], cpu["after"][1]))
+    savers = cpu["after"][0] - cpu["before"][0]
+    database = cpu_delta(cpu["before"][1], cpu["after"][1])
+
+    def per_save(ns: int) -> float:
+        return round(ns / 1e3 / max(count, 1), 1)
+
     return {"saves_per_s": round(count / elapsed, 1),
-            "cpu_us_per_save": round(spent / 1e3 / max(count, 1), 1)}
+            "cpu_us_per_save": per_save(savers + database),
+            "savers_cpu_us_per_save": per_save(savers),
+            "postgres_cpu_us_per_save": per_save(database)}
 
 
 def measure_saves(
