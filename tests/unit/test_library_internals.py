@@ -119,6 +119,34 @@ def test_sqlite_pool_hands_out_writers_through_overridable_methods(tmp_path: Any
         datastore.pool.close()
 
 
+def test_sqlite_connections_begin_through_the_transaction_sqlite_factory_replaces(
+    tmp_path: Any,
+) -> None:
+    """storage/sqlite_factory.py turns the pool's connections into ones whose
+    writer transactions BEGIN IMMEDIATE: it needs the pool to make them in
+    ``_create_connection`` and the transaction to open with a plain BEGIN in
+    ``__enter__`` from its ``connection`` and ``commit``."""
+    from eventsourcing.sqlite import SQLiteConnection, SQLiteConnectionPool, SQLiteTransaction
+
+    user = "storage/sqlite_factory.py"
+    assert "_create_connection" in vars(SQLiteConnectionPool), _changed(
+        "eventsourcing", "SQLiteConnectionPool._create_connection", user)
+    enter = inspect.getsource(SQLiteTransaction.__enter__)
+    assert 'execute("BEGIN")' in enter and "self.connection.cursor()" in enter, _changed(
+        "eventsourcing", "SQLiteTransaction.__enter__ (a plain BEGIN)", user)
+    transaction = inspect.getsource(SQLiteConnection.transaction)
+    assert "SQLiteTransaction(self, commit=commit)" in transaction, _changed(
+        "eventsourcing", "SQLiteConnection.transaction", user)
+    pool = SQLiteConnectionPool(db_name=str(tmp_path / "canary.sqlite3"))
+    try:
+        conn = pool._create_connection()
+        assert type(conn) is SQLiteConnection, _changed(
+            "eventsourcing", "SQLiteConnectionPool._create_connection's class", user)
+        conn.close()
+    finally:
+        pool.close()
+
+
 @needs_psycopg
 @pytest.mark.parametrize("owner, method, attribute", [
     # recorders.py replaces the statement with named columns; renamed, the

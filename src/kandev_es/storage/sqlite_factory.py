@@ -70,7 +70,10 @@ class WriterGatedPool(SQLiteConnectionPool):
 
     def _create_connection(self) -> SQLiteConnection:
         made = super()._create_connection()
-        return ImmediateConnection(sqlite_conn=made._sqlite_conn, max_age=self.max_age)
+        # The library's connection, set up as it sets it up (WAL, row factory,
+        # its max-age timer), with the one method ImmediateConnection changes.
+        made.__class__ = ImmediateConnection
+        return made
 
     def get_connection(
         self, timeout: float | None = None, *, is_writer: bool | None = None
