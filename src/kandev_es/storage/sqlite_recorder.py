@@ -115,8 +115,8 @@ class KandevSQLiteRecorder(SQLiteApplicationRecorder):
         ids = self._insert_rows(c, stored_events)
         unchanged: Versions | None = kwargs.get("unchanged")
         if unchanged:
-            # The insert took the write lock, so this sees every committed write;
-            # raising here rolls the transaction back.
+            # The transaction holds the write lock (it began IMMEDIATE), so this
+            # sees every committed write; raising here rolls the transaction back.
             for key, version in unchanged.items():
                 c.execute(
                     f"SELECT 1 FROM {self.events_table_name}"
@@ -147,13 +147,15 @@ class KandevSQLiteRecorder(SQLiteApplicationRecorder):
 
     def _insert_rows(self, c: Any, stored_events: Sequence[StoredEvent]) -> list[int]:
         """The events with their chain hashes (docs/auditing.md) in the INSERT,
-        so each row is written once: those storage/chains.py knows, then, in
-        this write transaction (the single writer holds the lock, so a
-        stream's previous row is still), those whose previous is a stored row."""
+        so each row is written once: those storage/chains.py knows, and
+        those whose previous is a stored row, read first in this transaction
+        (it holds the write lock from its BEGIN: storage/sqlite_factory.py)."""
         if not self._has_chain_column(c):  # a store db init has not upgraded yet
             return list(super()._insert_events(c, stored_events) or ())
         hashes: list[bytes | None] = (known_chain_hashes(stored_events) if self.save_chains
                                       else [None] * len(stored_events))
+        if self.save_chains and None in hashes:
+            self._chain_from_stored(c, stored_events, hashes)
         ids = []
         for event, value in zip(stored_events, hashes, strict=True):
             key = event.originator_id
@@ -162,18 +164,16 @@ class KandevSQLiteRecorder(SQLiteApplicationRecorder):
                 event.topic, event.state, value,
             ))
             ids.append(int(c.lastrowid))
-        if self.save_chains and None in hashes:
-            self._chain_from_stored(c, stored_events, hashes)
         return ids
 
     def _chain_from_stored(self, c: Any, stored_events: Sequence[StoredEvent],
                            hashes: list[bytes | None]) -> None:
-        """The chain hashes whose previous is a stored row (a stream that goes
-        on). An old row without a hash leaves the stream's new ones NULL."""
+        """Fills in ``hashes`` those whose previous is a stored row (a stream
+        that goes on). An old row without a hash leaves the stream's new ones None."""
         made: dict[tuple[uuid.UUID, int], bytes | None] = {}
-        rows = []
-        for event, value in zip(stored_events, hashes, strict=True):
+        for index, event in enumerate(stored_events):
             key, version = uuid.UUID(str(event.originator_id)), event.originator_version
+            value = hashes[index]
             if value is None:
                 if (key, version - 1) in made:
                     previous = made[(key, version - 1)]
@@ -185,15 +185,11 @@ class KandevSQLiteRecorder(SQLiteApplicationRecorder):
                     )
                     row = c.fetchone()
                     previous = None if row is None or row[0] is None else bytes(row[0])
-                value = (None if previous is None
-                         else chain_hash(key, version, previous, event.topic, event.state))
-                rows.append((value, key.hex, version))
+                value = hashes[index] = (
+                    None if previous is None
+                    else chain_hash(key, version, previous, event.topic, event.state)
+                )
             made[(key, version)] = value
-        c.executemany(
-            f"UPDATE {self.events_table_name} SET chain_hash = ?"
-            " WHERE originator_id = ? AND originator_version = ?",
-            rows,
-        )
 
 
 SQLITE_RECORDER_TOPIC = f"{__name__}:{KandevSQLiteRecorder.__name__}"
