@@ -66,10 +66,12 @@ def _everything_visible(query: str, params: dict[str, Any]) -> None:
 # when the store needs no such reader: what is visible is settled (SQLite).
 SettledRows = Callable[[str, dict[str, Any]], list[tuple[Any, ...]] | None]
 
+# A page's columns, in FeedItem's reading order (read_feed).
+PAGE_COLUMNS = "position, event_id, type, subject, timestamp, data"
 # The page as the settled reader runs it (PostgreSQL: the recorder's own
 # pooled session, one statement, no transaction around it).
 SETTLED_PAGE = (
-    "SELECT position, event_id, type, subject, timestamp, data FROM {schema}.feed_events"
+    f"SELECT {PAGE_COLUMNS} FROM {{schema}}.feed_events"
     " WHERE workspace_id = %(workspace)s AND position > %(after)s AND position <= %(upto)s"
     " ORDER BY position LIMIT %(limit)s"
 )
@@ -90,7 +92,7 @@ def read_feed(
         workspace = workspace_id if database.backend == "postgres" else str(workspace_id)
         with database.transaction() as tx:
             rows = tx.execute(
-                "SELECT position, event_id, type, subject, timestamp, data FROM feed_events"
+                f"SELECT {PAGE_COLUMNS} FROM feed_events"
                 " WHERE workspace_id = ? AND position > ? ORDER BY position LIMIT ?",
                 (workspace, after, limit),
             )
