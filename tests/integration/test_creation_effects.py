@@ -234,3 +234,32 @@ def test_once_completing_a_creation_can_no_longer_abort():
     with pytest.raises(DomainRuleBroken):
         identity.begin_aborting(1, "late failure")
     assert identity.complete(1) == "created"
+
+
+def test_another_node_compensates_a_repository_step_begun_under_the_first_nodes_data_dir(
+    services, settings, tmp_path
+):
+    """A Runtime taking over a creation another API node began (its worktree is
+    under that node's data dir) still removes the task's branch and worktree:
+    git deletes no branch still checked out. A failover test once saw such a
+    creation parked after five takeovers ("Cannot delete branch ... checked out")."""
+    from kandev_es.creation.steps.base import StepContext
+    from kandev_es.creation.steps.repository import RepositoryStep
+
+    path = make_git_repository(tmp_path / "shared")
+    workspace = services.workspaces.open("nodes")
+    task_id = uuid.uuid4()
+    manifest = {"workspace_id": str(workspace.id), "identifier": "NOD-1", "repositories": []}
+
+    def context(data_dir: Path) -> StepContext:
+        return StepContext(services.app, settings.with_overrides(data_dir=data_dir),
+                           uuid.uuid4(), 1, task_id, manifest, services.tokens)
+
+    first, second = context(tmp_path / "node-b"), context(tmp_path / "node-a")
+    step = RepositoryStep("shared", str(path))
+    evidence = step.run(first)
+    assert Path(evidence["worktree"]).is_relative_to(tmp_path / "node-b")
+    step.compensate(second)
+    assert step.absent(first) and step.absent(second)
+    assert "kandev/NOD-1" not in branches(path)
+    assert not Path(evidence["worktree"]).exists()

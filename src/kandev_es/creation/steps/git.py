@@ -45,6 +45,18 @@ def worktree_paths(repo: Path | str) -> set[str]:
     }
 
 
+def worktrees_on_branch(repo: Path | str, branch: str) -> list[str]:
+    """The worktrees (paths as git lists them) that have ``branch`` checked out."""
+    listing = git(repo, "worktree", "list", "--porcelain").stdout
+    found, path = [], None
+    for line in listing.splitlines():
+        if line.startswith("worktree "):
+            path = line.split(" ", 1)[1]
+        elif line == f"branch refs/heads/{branch}" and path is not None:
+            found.append(path)
+    return found
+
+
 def is_repository(path: Path | str) -> bool:
     inside = git(path, "rev-parse", "--is-inside-work-tree", check=False)
     head = git(path, "rev-parse", "--verify", "--quiet", "HEAD", check=False)

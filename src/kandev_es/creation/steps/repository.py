@@ -18,6 +18,7 @@ from kandev_es.creation.steps.git import (
     git,
     is_work_tree_top,
     worktree_paths,
+    worktrees_on_branch,
 )
 from kandev_es.errors import BranchTaken, RepositoryEffectFailed, RepositoryNotTopLevel
 
@@ -107,6 +108,11 @@ class RepositoryStep:
             shutil.rmtree(worktree)
         git(self.path, "worktree", "prune")
         if ours and branch_exists(self.path, branch):
+            # A worktree of another node (its own data dir) that made this
+            # task's branch: the branch is ours, so is its checkout, and git
+            # deletes no branch still checked out.
+            for other in worktrees_on_branch(self.path, branch):
+                git(self.path, "worktree", "remove", "--force", other)
             git(self.path, "branch", "-D", branch)
         if ours:
             git(self.path, "config", "--unset", f"branch.{branch}.kandevtask", check=False)
