@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import time
 import urllib.parse
 import uuid
 from pathlib import Path
@@ -67,6 +68,18 @@ def _strings(value: Any) -> list[str]:
     return [value] if isinstance(value, str) else []
 
 
+def _lines_once_logged(served: Any, request_id: str, seconds: float = 10.0) -> list[dict[str, Any]]:
+    """The output's JSON lines once the access line of ``request_id`` (the last
+    request) is among them: a worker writes it after the answer has gone out."""
+    deadline = time.monotonic() + seconds
+    while True:
+        lines = _json_lines(served.output())
+        if any(line["request_id"] == request_id and line["logger"] == "kandev_es.access"
+               for line in lines) or time.monotonic() > deadline:
+            return lines
+        time.sleep(0.05)
+
+
 @pytest.fixture
 def served(settings, tmp_path):
     script = tmp_path / "agent.sh"
@@ -112,7 +125,7 @@ def test_json_lines_follow_one_request_and_hold_no_secret(settings, served, tmp_
         client.lookup(ws, "x" * 300)  # 400 invalid_external_id
     assert refused.value.status == 400 and refused.value.request_id
 
-    lines = _json_lines(served.output())
+    lines = _lines_once_logged(served, refused.value.request_id)
     for line in lines:
         for secret in secrets:
             assert all(secret not in text for text in _strings(line)), (secret, line)
