@@ -13,6 +13,7 @@ import threading
 import time
 import urllib.parse
 import uuid
+from datetime import UTC, datetime
 from http.client import HTTPConnection
 from typing import Any
 
@@ -169,17 +170,42 @@ def test_release_with_an_operation_id_replays(server):
         assert client.lookup(server.workspace_id, "REL-1") is None
 
 
-def test_feed_resumes_after_the_connection_ends(server):
-    with Client(server.base, server.token, deadline=30) as client:
-        first = client.create_task(server.workspace_id, "One", external_id="F-1").task
-        events = client.feed(server.workspace_id, stream_seconds=1)
-        seen = next(events)
-        assert first["id"] in str(seen.data)
-        time.sleep(1.5)  # the server has ended that connection by now
-        second = client.create_task(server.workspace_id, "Two", external_id="F-2").task
-        following = next(events)
-        assert second["id"] in str(following.data)
-        assert int(following.id) > int(seen.id)
+def test_feed_with_stream_seconds_returns_while_events_keep_coming(server):
+    """A writer creates a task every 0.1 s for the whole test; a feed asked for
+    2 seconds still returns within about that (it followed the feed for ever
+    before: each connection ended after 2 s and the next began), having seen
+    events that came after it started; a feed from its last id resumes with
+    the next event."""
+    ws = server.workspace_id
+    stop = threading.Event()
+
+    def write() -> None:
+        with Client(server.base, server.token, deadline=30) as writer:
+            for n in range(600):
+                if stop.wait(0.1):
+                    return
+                writer.create_task(ws, f"Busy {n}", external_id=f"BUSY-{n}")
+
+    writing = threading.Thread(target=write, daemon=True)
+    writing.start()
+    try:
+        with Client(server.base, server.token, deadline=30) as client:
+            until(lambda: client.lookup(ws, "BUSY-0") is not None, "the writer did not start")
+            began, began_at = time.monotonic(), datetime.now(UTC)
+            thread, outcome = in_thread(lambda: list(client.feed(ws, stream_seconds=2)))
+            thread.join(timeout=15)
+            took = time.monotonic() - began
+            assert not thread.is_alive(), "feed(stream_seconds=2) did not return in 15 s"
+            seen = outcome[0]
+            assert isinstance(seen, list), seen
+            assert 1.9 <= took < 5, took
+            # events kept coming while it read: the last was written after it began
+            assert datetime.fromisoformat(seen[-1].data["timestamp"]) > began_at, seen[-1]
+            following = next(client.feed(ws, int(seen[-1].id), stream_seconds=5))
+            assert int(following.id) > int(seen[-1].id)
+    finally:
+        stop.set()
+        writing.join(timeout=30)
 
 
 def test_create_waits_out_503_retry_after_while_the_database_is_down(tmp_path):

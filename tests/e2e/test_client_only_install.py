@@ -1,8 +1,10 @@
 """The client-only install: ``pip install ./clients/python`` into a fresh venv
 without site packages brings httpx and the client, not the server (no flask,
-gunicorn, mcp, eventsourcing, kandev_es), and that client creates and retries a
-task against a real served process, and its ``kandev-es-verify`` checks that
-task's identity proof bundle with the public key alone, the server stopped (docs/auditing.md).
+gunicorn, mcp, eventsourcing, kandev_es) nor the verifier's cryptography/cffi,
+and that client creates and retries a task against a real served process; its
+``kandev-es-verify`` says to install the ``[verify]`` extra, and with the extra
+it checks that task's identity proof bundle with the public key alone, the
+server stopped (docs/auditing.md).
 One version for the client, the server, the package metadata and the changelog."""
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from kandev_es_client import Client
 
 for server_part in ("flask", "gunicorn", "mcp", "eventsourcing", "kandev_es", "click"):
     assert importlib.util.find_spec(server_part) is None, server_part + " is installed"
+for verify_part in ("cryptography", "cffi"):  # the [verify] extra's, not the client's
+    assert importlib.util.find_spec(verify_part) is None, verify_part + " is installed"
 with Client(os.environ["BASE"], os.environ["TOKEN"], deadline=30) as client:
     first = client.create_task(os.environ["WS"], "From the client", external_id="CLIENT-1")
     again = client.create_task(os.environ["WS"], "From the client", external_id="CLIENT-1")
@@ -63,7 +67,24 @@ def test_the_client_installs_alone_and_creates_against_a_served_process(tmp_path
         server.stop()
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["created", "found_settled", "True"]
+    _verify_needs_the_extra(env_dir)
+    with_extra = subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", f"{source}[verify]"],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert with_extra.returncode == 0, with_extra.stderr
     _verified_offline(env_dir, tmp_path, settings, bundle)
+
+
+def _verify_needs_the_extra(env_dir: Path) -> None:
+    """Without the extra, kandev-es-verify names it in one line (no traceback)."""
+    verify = [str(env_dir / "bin" / "kandev-es-verify"), "bundle", "b.json", "--keyring", "k"]
+    bare = subprocess.run(verify, capture_output=True, text=True, timeout=60, env={})
+    assert bare.returncode == 2, bare.stdout + bare.stderr
+    assert bare.stderr.strip() == (
+        "kandev-es-verify needs the verify extra (cryptography): "
+        "pip install 'kandev-es-client[verify]'"
+    ), bare.stderr
 
 
 def _covered_bundle(server: ServedProcess) -> dict:

@@ -216,15 +216,18 @@ class Client:
         return _ok(response)
 
     def feed(
-        self, workspace_id: str, after: int | None = None, *, stream_seconds: int | None = None
+        self, workspace_id: str, after: int | None = None, *, stream_seconds: float | None = None
     ) -> Iterator[Event]:
         """Events from the SSE stream; a dropped or ended connection resumes from
         the last id (Last-Event-ID), so no event is skipped or seen twice.
-        `stream_seconds` asks the server to end each connection after that long."""
+        Without `stream_seconds` it follows the feed for ever; with it, the feed
+        ends (the iterator returns) `stream_seconds` after the call, whether or
+        not events keep coming: each connection asks the server to end by then."""
         last = None if after is None else str(after)
-        params = {"max_seconds": stream_seconds} if stream_seconds is not None else {}
+        stops = None if stream_seconds is None else time.monotonic() + stream_seconds
         ends = time.monotonic() + self.deadline
         while True:
+            params = {} if stops is None else {"max_seconds": _seconds_left(stops)}
             headers = {"Last-Event-ID": last} if last is not None else {}
             wait = self.backoff
             failure: Exception | None = None
@@ -249,13 +252,22 @@ class Client:
                             last = event.id or last
                             ends = time.monotonic() + self.deadline
                             yield event
+                            if stops is not None and time.monotonic() >= stops:
+                                return
             except httpx.TransportError as error:
                 failure = error  # dropped: resume from `last`
+            if stops is not None and time.monotonic() + (wait if failure else 0) >= stops:
+                return
             # Reconnected within `deadline` of the last connection or event, or not at all.
             if time.monotonic() + wait >= ends:
                 last = failure.request_id if isinstance(failure, ClientError) else None
                 raise DeadlineExceeded("event stream did not come back", last) from failure
             time.sleep(wait)
+
+
+def _seconds_left(stops: float) -> float:
+    """The server's max_seconds for a connection that must end by ``stops``."""
+    return round(max(stops - time.monotonic(), 0.0), 3)
 
 
 def _parse_sse(lines: Iterator[str]) -> Iterator[Event]:

@@ -20,12 +20,18 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import (
-    Ed25519PrivateKey,
-    Ed25519PublicKey,
-)
-from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+try:
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+        Ed25519PrivateKey,
+        Ed25519PublicKey,
+    )
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+except ModuleNotFoundError as missing:  # the plain client install: httpx only
+    raise ModuleNotFoundError(
+        f"{missing}: the verifier needs pip install 'kandev-es-client[verify]'",
+        name=missing.name,
+    ) from None
 
 ED25519 = 0x01
 EM_DASH = "\u2014"

@@ -19,11 +19,20 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from kandev_es_client.ledger import verify_bundle, verify_consistency_bundle
-from kandev_es_client.merkle import ProofError
-from kandev_es_client.signed_note import Keyring, NoteError, parse_keyring
-
 USAGE_ERROR = 2
+VERIFY_EXTRA = "pip install 'kandev-es-client[verify]'"
+
+try:
+    from kandev_es_client.ledger import verify_bundle, verify_consistency_bundle
+    from kandev_es_client.merkle import ProofError
+    from kandev_es_client.signed_note import Keyring, NoteError, parse_keyring
+except ModuleNotFoundError as missing:  # the plain client install: httpx only
+    if missing.name != "cryptography":
+        raise
+    print(
+        f"kandev-es-verify needs the verify extra (cryptography): {VERIFY_EXTRA}", file=sys.stderr
+    )
+    raise SystemExit(USAGE_ERROR) from None
 
 
 def _parser() -> argparse.ArgumentParser:
