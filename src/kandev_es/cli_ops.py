@@ -97,9 +97,14 @@ def projections_rebuild(names: tuple[str, ...], batch_size: int) -> None:
 )
 @click.option("--proof", is_flag=True,
               help="print the proof bundle (events, chain, inclusion proofs; kandev-es-verify)")
+@click.option("--consistency-from", "consistency_from", type=click.IntRange(min=1),
+              multiple=True, metavar="SIZE",
+              help="with --proof: also prove the bundle's checkpoint extends your checkpoint"
+              " of this size (repeatable)")
 @store_options
 def identity_history_command(
-    workspace: str, external_id: str, as_json: bool, link: bool, proof: bool
+    workspace: str, external_id: str, as_json: bool, link: bool, proof: bool,
+    consistency_from: tuple[int, ...],
 ) -> None:
     """Print an identity's whole stream across tenures as a timeline.
 
@@ -117,7 +122,8 @@ def identity_history_command(
         if proof:
             from kandev_es.services.ledger import proof_bundle
 
-            bundle = proof_bundle(services.app, services.database, target, normalized)
+            bundle = proof_bundle(services.app, services.database, target, normalized,
+                                  consistency_from)
             click.echo(json.dumps(bundle, indent=2))
             return
         history = identity_history(services.app, target, normalized, full=True)  # the host's own

@@ -218,3 +218,52 @@ def test_a_sequencer_pass_appends_and_signs_in_one_write_and_an_idle_pass_writes
             assert leaf_xmin == checkpoint_xmin
     assert (sequencer.run_once(), sequencer.checkpoint_if_due()) == (0, None)
     assert ledger_writes() == writes + 1
+
+
+def test_a_bundle_proves_it_extends_the_auditors_checkpoint(
+    cli, client, services, workspace, member, operator, tmp_path
+):
+    """kandev-es-verify --checkpoint: the auditor's own checkpoint, not the
+    bundle's, decides what must be proven; a bundle against an older
+    checkpoint (where a later event could pass as pending) fails."""
+    from kandev_es_client.verify import main as offline
+
+    old_note = logged(services, workspace, member, "HELD-1")
+    old_size = keyring(services).open_checkpoint(old_note).size
+    old_bundle = cli("identity", "history", "--workspace", "acme", "--external-id", "HELD-1",
+                     "--proof").stdout
+    held_note = logged(services, workspace, member, "HELD-2")
+    held_size = keyring(services).open_checkpoint(held_note).size
+    (tmp_path / "keyring.json").write_text(cli("audit", "keyring").stdout)
+    (tmp_path / "held.txt").write_text(held_note)
+    (tmp_path / "old.txt").write_text(old_note)
+    mine = ["--keyring", str(tmp_path / "keyring.json"), "--checkpoint",
+            str(tmp_path / "held.txt"), "--checkpoint", str(tmp_path / "old.txt")]
+
+    (tmp_path / "stale.json").write_text(old_bundle)
+    assert offline(["bundle", str(tmp_path / "stale.json"), *mine]) == 1
+    logged(services, workspace, member, "HELD-3")  # the log moves on past the auditor's
+    bundle = cli("identity", "history", "--workspace", "acme", "--external-id", "HELD-1",
+                 "--proof", "--consistency-from", str(held_size), "--consistency-from",
+                 str(old_size))
+    assert bundle.exit_code == 0, bundle.output
+    (tmp_path / "bundle.json").write_text(bundle.stdout)
+    assert offline(["bundle", str(tmp_path / "bundle.json"), *mine]) == 0
+    without = cli("identity", "history", "--workspace", "acme", "--external-id", "HELD-1",
+                  "--proof").stdout
+    (tmp_path / "without.json").write_text(without)
+    assert offline(["bundle", str(tmp_path / "without.json"), *mine]) == 1
+
+    path = f"/api/v1/workspaces/{workspace.id}/identities/history"
+    answer = client.get(path, query_string={"external_id": "HELD-1", "proof": "1",
+                                            "consistency_from": [str(held_size)]},
+                        headers=bearer(operator[1]))
+    assert answer.status_code == 200, answer.json
+    assert [c["from_size"] for c in answer.json["proof"]["consistency"]] == [held_size]
+    held = [keyring(services).open_checkpoint(held_note)]
+    assert chains.verify_bundle(answer.json["proof"], keyring(services), held=held).ok
+    for bad in ("0", "x", "1.5", "Infinity", ["1"] * 17):
+        refused = client.get(path, query_string={"external_id": "HELD-1", "proof": "1",
+                                                 "consistency_from": bad},
+                             headers=bearer(operator[1]))
+        assert refused.status_code == 400, (bad, refused.json)

@@ -9,42 +9,68 @@ import base64
 import json
 import uuid
 
+import pytest
 from kandev_es_client import ledger, merkle, verify
 from kandev_es_client import signed_note as sn
 
 ORIGIN = "ledger.test/kandev-es"
-STREAM = uuid.UUID("00000000-0000-4000-8000-000000000001")
-EVENTS = [(1, "kandev_es.domain.identity:Identity.Registered", b'{"a":1}'),
+WORKSPACE = uuid.UUID("00000000-0000-4000-8000-0000000000aa")
+EXTERNAL_ID = "JIRA-7"
+STREAM = ledger.identity_stream(str(WORKSPACE), EXTERNAL_ID)
+REGISTERED = json.dumps({"workspace_id": {"_type_": "uuid_hex", "_data_": WORKSPACE.hex},
+                         "external_id": EXTERNAL_ID}).encode()
+EVENTS = [(1, "kandev_es.domain.identity:Identity.Registered", REGISTERED),
           (2, "kandev_es.domain.identity:Identity.Claimed", b'{"b":2}'),
           (3, "kandev_es.domain.identity:Identity.Completed", b'{"c":3}')]
+LEAVES = (1, 4, 8)  # the stream's events' leaves in a log of 12
+
+
+class Log:
+    """A log of 12 leaves where the stream's events are leaves 1, 4 and 8,
+    its signer, and signed checkpoints of any size."""
+
+    def __init__(self) -> None:
+        self.signer = sn.generate_signer(ORIGIN)
+        self.keyring = sn.Keyring([sn.KeyringEntry(self.signer.verifier)])
+        self.tree = merkle.MemoryTree()
+        hashes, others = ledger.chain(STREAM, EVENTS), iter(bytes([i]) * 32 for i in range(12))
+        for index in range(12):
+            self.tree.append(hashes[LEAVES.index(index)] if index in LEAVES else next(others))
+        self.hashes = hashes
+
+    def note(self, size: int) -> str:
+        return sn.sign_note(sn.Checkpoint(ORIGIN, size, self.tree.root(size)).text(), self.signer)
+
+    def held(self, size: int) -> sn.Checkpoint:
+        return self.keyring.open_checkpoint(self.note(size))
+
+    def bundle(self, size: int = 8, consistency_from: tuple[int, ...] = ()) -> dict:
+        b64 = base64.b64encode
+        return {
+            "format": ledger.BUNDLE_FORMAT, "stream_id": str(STREAM),
+            "workspace_id": str(WORKSPACE), "external_id": EXTERNAL_ID,
+            "checkpoint": self.note(size),
+            "events": [
+                {"version": v, "topic": t, "state": b64(s).decode(), "hash": b64(h).decode(),
+                 "leaf_index": LEAVES[i],
+                 "inclusion": [b64(p).decode()
+                               for p in merkle.inclusion_proof(self.tree.node, LEAVES[i], size)]
+                 if LEAVES[i] < size else []}
+                for i, ((v, t, s), h) in enumerate(zip(EVENTS, self.hashes, strict=True))
+            ],
+            "consistency": [
+                {"from_size": old, "proof": [b64(p).decode() for p in
+                                             merkle.consistency_proof(self.tree.node, old, size)]}
+                for old in consistency_from
+            ],
+        }
 
 
 def signed_log():
-    """A log of 9 leaves where the stream's events are leaves 1, 4 and 8, and
-    a checkpoint at size 8 (so the last event is written after it)."""
-    signer = sn.generate_signer(ORIGIN)
-    tree, hashes, indexes = merkle.MemoryTree(), ledger.chain(STREAM, EVENTS), {}
-    others = iter(bytes([i]) * 32 for i in range(10))
-    for index in range(9):
-        if index in (1, 4, 8):
-            indexes[len(indexes)] = index
-            tree.append(hashes[len(indexes) - 1])
-        else:
-            tree.append(next(others))
-    checkpoint = sn.Checkpoint(ORIGIN, 8, tree.root(8))
-    bundle = {
-        "format": ledger.BUNDLE_FORMAT, "stream_id": str(STREAM),
-        "checkpoint": sn.sign_note(checkpoint.text(), signer),
-        "events": [
-            {"version": v, "topic": t, "state": base64.b64encode(s).decode(),
-             "hash": base64.b64encode(h).decode(), "leaf_index": indexes[i],
-             "inclusion": [base64.b64encode(p).decode()
-                           for p in merkle.inclusion_proof(tree.node, indexes[i], 8)]
-             if indexes[i] < 8 else []}
-            for i, ((v, t, s), h) in enumerate(zip(EVENTS, hashes, strict=True))
-        ],
-    }
-    return bundle, sn.Keyring([sn.KeyringEntry(signer.verifier)])
+    """A bundle against a checkpoint at size 8 (so the last event is written
+    after it), and the keyring."""
+    log = Log()
+    return log.bundle(8), log.keyring
 
 
 def statuses(report):
@@ -104,3 +130,147 @@ def test_the_verifier_command_reads_files_and_exits_by_outcome(tmp_path, capsys)
                         "--keyring", str(tmp_path / "keyring.json")]) == 0
     assert verify.main(["bundle", str(tmp_path / "missing"), "--keyring",
                         str(tmp_path / "keyring.json")]) == verify.USAGE_ERROR
+
+
+def forged_completed(bundle, leaf_index):
+    """The Completed (v3) replaced by other bytes, its chain hash recomputed,
+    and marked pending the way a bundle can: no leaf or one beyond its tree."""
+    forged = [(v, t, b'{"forged":1}' if v == 3 else s) for v, t, s in EVENTS]
+    item = bundle["events"][2]
+    item["state"] = base64.b64encode(forged[2][2]).decode()
+    item["hash"] = base64.b64encode(ledger.chain(STREAM, forged)[2]).decode()
+    item["leaf_index"], item["inclusion"] = leaf_index, []
+    return bundle
+
+
+def test_the_auditors_checkpoint_must_be_extended_by_the_bundles():
+    log = Log()
+    report = ledger.verify_bundle(log.bundle(12, (5, 9)), log.keyring, ORIGIN,
+                                  [log.held(5), log.held(9), log.held(12)])
+    assert report.ok, report.lines()
+    assert statuses(report) == [(1, "verified"), (2, "verified"), (3, "verified")]
+    extends = "your checkpoint of size 9: the bundle's checkpoint extends it: OK"
+    assert extends in report.lines()[1:4][1]
+
+    missing = ledger.verify_bundle(log.bundle(12), log.keyring, ORIGIN, [log.held(5)])
+    assert not missing.ok
+    assert "no consistency proof from size 5" in missing.lines()[1]
+    assert "--consistency-from 5" in missing.lines()[1]
+    wrong = log.bundle(12, (5,))
+    wrong["consistency"][0]["proof"] = list(reversed(wrong["consistency"][0]["proof"]))
+    assert not ledger.verify_bundle(wrong, log.keyring, ORIGIN, [log.held(5)]).ok
+
+
+def test_a_replaced_event_marked_pending_fails_against_the_auditors_checkpoint():
+    """The attack of issue 43: the server hands out a bundle against an old
+    checkpoint (size 8) in which the replaced Completed (leaf 8) passes as
+    pending; the auditor's own checkpoint (size 10) covers leaf 8."""
+    log = Log()
+    forged = forged_completed(log.bundle(8), None)
+    alone = ledger.verify_bundle(forged, log.keyring, ORIGIN)
+    assert alone.ok and statuses(alone)[2] == (3, "pending")  # what the bundle alone shows
+    report = ledger.verify_bundle(forged, log.keyring, ORIGIN, [log.held(10)])
+    assert not report.ok
+    assert "is older than yours" in "\n".join(report.lines())
+    # A bundle against the auditor's size must prove leaf 8: pending is no way out.
+    forged = forged_completed(log.bundle(10), 8)
+    report = ledger.verify_bundle(forged, log.keyring, ORIGIN, [log.held(10)])
+    assert statuses(report)[2] == (3, "failed"), report.lines()
+    assert "not in the log at leaf 8" in report.findings[2].problem
+
+
+def test_an_earlier_event_pending_while_a_later_one_is_logged_fails():
+    log = Log()
+    bundle = log.bundle(12)
+    bundle["events"][1]["leaf_index"], bundle["events"][1]["inclusion"] = None, []
+    report = ledger.verify_bundle(bundle, log.keyring, ORIGIN)
+    assert statuses(report) == [(1, "verified"), (2, "pending"), (3, "failed")]
+    assert "an earlier event is marked pending" in report.findings[2].problem
+
+
+def test_another_history_of_the_same_size_fails():
+    log = Log()
+    fork = sn.Checkpoint(ORIGIN, 12, bytes(32))  # what the auditor was shown
+    report = ledger.verify_bundle(log.bundle(12), log.keyring, ORIGIN, [fork])
+    assert not report.ok
+    assert "two different histories" in report.lines()[1]
+
+
+def test_the_labels_must_name_the_stream_and_its_registered_event():
+    log = Log()
+    for field, value, said in (
+        ("external_id", "JIRA-8", "whose stream is"),
+        ("workspace_id", str(uuid.UUID(int=5)), "whose stream is"),
+        ("workspace_id", "not-a-uuid", "is not a UUID"),
+        ("external_id", None, "does not say which workspace"),
+    ):
+        bundle = log.bundle(12)
+        bundle[field] = value
+        report = ledger.verify_bundle(bundle, log.keyring)
+        assert not report.ok and said in report.problem, (field, report.problem)
+    # A stream id that matches the labels but whose Registered records another identity.
+    bundle = log.bundle(12)
+    bundle["external_id"] = "JIRA-9"
+    bundle["stream_id"] = str(ledger.identity_stream(str(WORKSPACE), "JIRA-9"))
+    report = ledger.verify_bundle(bundle, log.keyring)
+    assert "its v1 records workspace" in report.problem
+    assert f"external ID '{EXTERNAL_ID}'" in report.problem
+
+
+@pytest.mark.parametrize("value, said", [
+    ("4", '"4", not a whole number'), (4.5, "4.5, not a whole number"),
+    (True, "true, not a whole number"), (-1, "-1 is out of range"),
+    (2**64, "is out of range"), ([4], "not a whole number"),
+])
+def test_a_leaf_index_that_is_not_a_whole_number_in_range_is_refused(value, said):
+    log = Log()
+    bundle = log.bundle(12)
+    bundle["events"][1]["leaf_index"] = value
+    report = ledger.verify_bundle(bundle, log.keyring)
+    assert not report.ok
+    assert report.problem.startswith("malformed event: v2's leaf index") and said in report.problem
+
+
+def run(tmp_path, capsys, text, *extra, log=None):
+    log = log or Log()
+    (tmp_path / "keyring.json").write_text(log.keyring.to_json())
+    (tmp_path / "input.json").write_text(text)
+    code = verify.main(["bundle", str(tmp_path / "input.json"), "--keyring",
+                        str(tmp_path / "keyring.json"), *extra])
+    return code, capsys.readouterr()
+
+
+@pytest.mark.parametrize("text, said", [
+    ("", "is empty: expected a proof bundle"),
+    ("  \n", "is empty: expected a proof bundle"),
+    ("<html>502 Bad Gateway</html>", "is not JSON (line 1, column 1): expected a proof bundle"),
+    ('{"format": "kandev-es/proof-bundle/v1", "events": [{"leaf_index": Infinity}]}',
+     "it holds Infinity, which is not a number JSON allows"),
+    ("[1, 2]", "it is not a JSON object"),
+    ("[" * 100_000, "nested too deeply"),
+])
+def test_the_verifier_says_in_words_what_a_file_is_instead_of_a_bundle(
+    tmp_path, capsys, text, said
+):
+    code, out = run(tmp_path, capsys, text)
+    assert code == verify.USAGE_ERROR
+    assert out.out == "" and said in out.err and "Traceback" not in out.err, out
+    assert "Expecting value" not in out.err
+
+
+def test_the_verifier_command_takes_the_auditors_checkpoints(tmp_path, capsys):
+    log = Log()
+    for size in (5, 10):
+        (tmp_path / f"mine-{size}.txt").write_text(log.note(size))
+    held = ["--checkpoint", str(tmp_path / "mine-5.txt"), "--checkpoint",
+            str(tmp_path / "mine-10.txt")]
+    code, out = run(tmp_path, capsys, json.dumps(log.bundle(12, (5, 10))), *held, log=log)
+    assert code == 0, out.out
+    assert out.out.count("the bundle's checkpoint extends it: OK") == 2
+    code, out = run(tmp_path, capsys, json.dumps(forged_completed(log.bundle(8), None)), *held,
+                    log=log)
+    assert code == 1 and "is older than yours" in out.out
+    (tmp_path / "empty.txt").write_text("")
+    code, out = run(tmp_path, capsys, json.dumps(log.bundle(12)), "--checkpoint",
+                    str(tmp_path / "empty.txt"), log=log)
+    assert code == verify.USAGE_ERROR and "your checkpoint" in out.err and "is empty" in out.err

@@ -22,6 +22,7 @@ from kandev_es.errors import CheckpointNotFound, InvalidCheckpointRange
 from kandev_es.services import ledger
 from kandev_es.services.history import identity_history
 
+MAX_HELD = 16  # consistency_from sizes one request may ask proofs from
 blp = Blueprint("identities", __name__, url_prefix="/api/v1", description="Identity audit")
 
 
@@ -61,6 +62,12 @@ class IdentityHistory(MethodView):
              "schema": {"type": "string", "enum": ["0", "1"]},
              "description": "1: add the proof bundle (events as stored, chain, inclusion"
              " proofs against the latest checkpoint) under `proof`"},
+            {"name": "consistency_from", "in": "query", "required": False,
+             "schema": {"type": "array", "items": {"type": "integer", "minimum": 1}},
+             "style": "form", "explode": True,
+             "description": "with proof=1: the size of a checkpoint you hold (repeatable);"
+             " the bundle then carries a consistency proof from it to its own checkpoint,"
+             " which `kandev-es-verify bundle --checkpoint` checks"},
         ],
         responses={
             200: {
@@ -82,8 +89,12 @@ class IdentityHistory(MethodView):
         external_id = require_external_id(request.args.get("external_id"))
         history = identity_history(services().app, target, external_id, full=True)
         if request.args.get("proof") == "1":
+            raws = request.args.getlist("consistency_from")
+            if len(raws) > MAX_HELD:
+                raise InvalidCheckpointRange(f"at most {MAX_HELD} consistency_from sizes")
+            sizes = [_size_of("consistency_from", raw) for raw in raws]
             history["proof"] = ledger.proof_bundle(
-                services().app, services().database, target, external_id
+                services().app, services().database, target, external_id, sizes
             )
         return history
 
@@ -98,7 +109,11 @@ def _size(name: str, required: bool) -> int | None:
     raw = request.args.get(name)
     if raw is None and not required:
         return None
-    if raw is None or not raw.isdigit() or not 0 < int(raw) < 1 << 62:
+    return _size_of(name, raw)
+
+
+def _size_of(name: str, raw: str | None) -> int:
+    if raw is None or not raw.isascii() or not raw.isdigit() or not 0 < int(raw) < 1 << 62:
         raise InvalidCheckpointRange(f"{name} must be a tree size above 0")
     return int(raw)
 

@@ -15,7 +15,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -291,11 +291,27 @@ def _proofs(tx: Any, wanted: list[tuple[int, int]], size: int) -> dict[int, list
     return all_proofs(_read_needed(tx, all_proofs))
 
 
+def _consistency_proofs(tx: Any, sizes: Sequence[int], size: int) -> list[dict[str, Any]]:
+    """Consistency proofs from each of ``sizes`` (the auditor's checkpoints)
+    to ``size``; a size above it gets none (the verifier says why)."""
+    wanted = sorted({s for s in sizes if 0 < s < size})
+
+    def make(source: merkle.NodeSource) -> list[list[bytes]]:
+        return [merkle.consistency_proof(source, old, size) for old in wanted]
+
+    proofs = make(_read_needed(tx, make)) if wanted else []
+    return [{"from_size": old, "proof": [_b64(p) for p in proof]}
+            for old, proof in zip(wanted, proofs, strict=True)]
+
+
 def proof_bundle(
-    app: Tasks, database: Database, workspace_id: uuid.UUID, external_id: str
+    app: Tasks, database: Database, workspace_id: uuid.UUID, external_id: str,
+    consistency_from: Sequence[int] = (),
 ) -> dict[str, Any]:
     """The identity's events as stored, their chain and their inclusion
-    proofs against the latest checkpoint (kandev_es_client.ledger checks it)."""
+    proofs against the latest checkpoint, and a consistency proof to it from
+    each of ``consistency_from`` (sizes of checkpoints the auditor holds);
+    kandev_es_client.ledger checks it."""
     key = identity_id(workspace_id, external_id)
     stored = list(app.recorder.select_events(key))
     if not stored:
@@ -308,6 +324,7 @@ def proof_bundle(
         logged = store.stream_leaves(tx, database.backend, key)
         covered = [(v, i) for v, (i, _) in logged.items() if i < size]
         proofs = _proofs(tx, covered, size)
+        consistency = _consistency_proofs(tx, consistency_from, size)
     events, previous = [], chains.GENESIS
     for event in stored:
         version = event.originator_version
@@ -323,7 +340,7 @@ def proof_bundle(
         })
     return {"format": chains.BUNDLE_FORMAT, "stream_id": str(key),
             "workspace_id": str(workspace_id), "external_id": external_id,
-            "checkpoint": note, "events": events}
+            "checkpoint": note, "events": events, "consistency": consistency}
 
 
 def identity_verification(

@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import json
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +33,12 @@ CHAIN_TAG = b"kandev-es/event-chain/v1\x00"
 GENESIS = bytes(32)
 BUNDLE_FORMAT = "kandev-es/proof-bundle/v1"
 CONSISTENCY_FORMAT = "kandev-es/consistency-proof/v1"
+# An identity's stream id is uuid5(this, "<workspace id>\x00<external id>")
+# (the server's kandev_es.domain.external_id.identity_id).
+IDENTITY_NAMESPACE = uuid.UUID("6f6b9c1e-5c7a-4d0e-9a43-2f1d8f6a0b71")
+# Leaf indexes, sizes and versions are unsigned 63-bit integers (as in the
+# stores' BIGINT columns): anything else is refused before it is used.
+MAX_INTEGER = 2**63 - 1
 
 
 def chain_hash(
@@ -77,21 +84,23 @@ class BundleReport:
     checkpoint: Checkpoint | None
     findings: list[EventFinding] = field(default_factory=list)
     problem: str | None = None  # a problem with the bundle as a whole
+    # The bundle against each checkpoint the auditor holds: (line, passed).
+    held: list[tuple[str, bool]] = field(default_factory=list)
+    label: str = ""  # "workspace W, external ID E", when the bundle says
 
     @property
     def ok(self) -> bool:
-        return self.problem is None and all(f.status != "failed" for f in self.findings)
+        return (self.problem is None and all(f.status != "failed" for f in self.findings)
+                and all(passed for _, passed in self.held))
 
     def lines(self) -> list[str]:
-        head = (
-            f"stream {self.stream_id} against checkpoint {self.checkpoint.origin}"
-            f" size {self.checkpoint.size}"
-            if self.checkpoint
-            else f"stream {self.stream_id}"
-        )
+        head = f"stream {self.stream_id}" + (f" ({self.label})" if self.label else "")
+        if self.checkpoint:
+            head += f" against checkpoint {self.checkpoint.origin} size {self.checkpoint.size}"
         out = [head]
         if self.problem:
             out.append(f"  FAILED: {self.problem}")
+        out.extend(f"  {line}" for line, _ in self.held)
         for f in self.findings:
             detail = f": {f.problem}" if f.problem else ""
             out.append(f"  v{f.version} {f.event}: {f.status}{detail}")
@@ -102,6 +111,17 @@ class BundleReport:
 def event_name(topic: str) -> str:
     """``module:Class.Event`` -> ``Event``, for people reading a report."""
     return topic.rsplit(":", 1)[-1].rsplit(".", 1)[-1]
+
+
+def integer(value: Any, what: str, minimum: int = 0) -> int:
+    """A JSON whole number from ``minimum`` up to MAX_INTEGER, or ProofError
+    saying what it is instead (a string, a fraction, Infinity, true...)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        shown = "missing" if value is None else f"{json.dumps(value)[:40]}, not a whole number"
+        raise ProofError(f"{what} is {shown}")
+    if not minimum <= value <= MAX_INTEGER:
+        raise ProofError(f"{what} {value} is out of range ({minimum} to 2^63 - 1)")
+    return value
 
 
 def _hash(value: Any, what: str) -> bytes:
@@ -120,10 +140,15 @@ def _check_event(
 ) -> tuple[EventFinding, bytes]:
     """One event of a bundle: its link in the chain, then its leaf in the tree.
     Returns the finding and the hash the next event must chain from."""
-    version = int(item["version"])
+    if not isinstance(item, Mapping):
+        raise ProofError(f"event {expected_version} is not a JSON object")
+    version = integer(item.get("version"), f"event {expected_version}'s version", 1)
     topic = str(item["topic"])
     name = event_name(topic)
-    state = base64.b64decode(str(item["state"]), validate=True)
+    try:
+        state = base64.b64decode(str(item["state"]), validate=True)
+    except binascii.Error:
+        raise ProofError(f"v{version}'s state is not base64") from None
     claimed = _hash(item["hash"], f"v{version} hash")
     if version != expected_version:
         return EventFinding(version, name, "failed", f"expected version {expected_version}"
@@ -132,12 +157,13 @@ def _check_event(
     if recomputed != claimed:
         return EventFinding(version, name, "failed", "its bytes or its place in the stream"
                             " changed: the chain hash does not match"), claimed
-    index = item.get("leaf_index")
-    if index is None or int(index) >= checkpoint.size:
+    raw = item.get("leaf_index")
+    index = None if raw is None else integer(raw, f"v{version}'s leaf index")
+    if index is None or index >= checkpoint.size:
         return EventFinding(version, name, "pending", "written after this checkpoint"), claimed
     proof = [_hash(p, f"v{version} proof hash") for p in item.get("inclusion") or []]
     try:
-        verify_inclusion(int(index), checkpoint.size, leaf_hash(recomputed), proof,
+        verify_inclusion(index, checkpoint.size, leaf_hash(recomputed), proof,
                          checkpoint.root)
     except ProofError as error:
         return EventFinding(version, name, "failed", f"not in the log at leaf {index}:"
@@ -145,32 +171,134 @@ def _check_event(
     return EventFinding(version, name, "verified"), claimed
 
 
+def _check_order(items: Sequence[Any], findings: list[EventFinding]) -> None:
+    """Leaf indexes rise with versions, and nothing after a pending event is
+    in the log: a bundle cannot call an event pending while a later one of
+    the same stream is logged."""
+    last = -1
+    for position, (item, finding) in enumerate(zip(items, findings, strict=False)):
+        if finding.status == "failed":
+            return
+        if finding.status == "pending":
+            last = MAX_INTEGER
+            continue
+        index = item["leaf_index"]
+        if index <= last:
+            after_pending = " (an earlier event is marked pending)" if last == MAX_INTEGER else ""
+            findings[position] = EventFinding(
+                finding.version, finding.event, "failed",
+                f"leaf {index} is not after the stream's earlier events'{after_pending}")
+            return
+        last = index
+
+
+def identity_stream(workspace_id: str, external_id: str) -> uuid.UUID:
+    return uuid.uuid5(IDENTITY_NAMESPACE, f"{workspace_id}\x00{external_id}")
+
+
+def _check_labels(bundle: Mapping[str, Any], stream_id: uuid.UUID) -> str:
+    """The bundle's workspace and external ID name its stream, and its first
+    event (Registered) records the same two; the label for the report."""
+    workspace, external = bundle.get("workspace_id"), bundle.get("external_id")
+    if not isinstance(workspace, str) or not isinstance(external, str):
+        raise NoteError("the bundle does not say which workspace and external ID it is for")
+    try:
+        workspace_id = uuid.UUID(workspace)
+    except ValueError:
+        raise NoteError(f"the bundle's workspace {workspace[:40]!r} is not a UUID") from None
+    label = f"workspace {workspace_id}, external ID {external!r}"
+    if identity_stream(str(workspace_id), external) != stream_id:
+        raise NoteError(f"the bundle is labelled {label}, whose stream is"
+                        f" {identity_stream(str(workspace_id), external)}, not {stream_id}")
+    events = bundle.get("events") or []
+    first = events[0] if isinstance(events, list) and events else None
+    if isinstance(first, Mapping) and first.get("version") == 1:
+        _check_registered(first, workspace_id, external, label)
+    return label
+
+
+def _check_registered(
+    first: Mapping[str, Any], workspace_id: uuid.UUID, external: str, label: str
+) -> None:
+    try:
+        state = json.loads(base64.b64decode(str(first.get("state")), validate=True))
+        recorded = (uuid.UUID(str(state["workspace_id"]["_data_"])), state["external_id"])
+    except (ValueError, KeyError, TypeError, binascii.Error):
+        raise NoteError("v1 is not an identity's Registered event") from None
+    if recorded != (workspace_id, external):
+        raise NoteError(f"the bundle is labelled {label}, but its v1 records workspace"
+                        f" {recorded[0]}, external ID {recorded[1]!r}")
+
+
 def verify_bundle(
-    bundle: Mapping[str, Any], keyring: Keyring, origin: str | None = None
+    bundle: Mapping[str, Any], keyring: Keyring, origin: str | None = None,
+    held: Sequence[Checkpoint] = (),
 ) -> BundleReport:
     """Checks a proof bundle with only the keyring: the checkpoint's
-    signature, every event's chain link from version 1, and every event the
-    checkpoint covers against its root. Never raises for a bad bundle: the
-    report says which event fails and why."""
+    signature, its labels, every event's chain link from version 1, and every
+    event the checkpoint covers against its root; then the bundle's checkpoint
+    against each checkpoint the auditor holds (``held``, already opened with
+    the keyring). Never raises for a bad bundle: the report says which event
+    fails and why."""
+    if not isinstance(bundle, Mapping):
+        return BundleReport("?", None, problem="the file is not a proof bundle (a JSON object)")
     stream = str(bundle.get("stream_id"))
     try:
         if bundle.get("format") != BUNDLE_FORMAT:
             raise NoteError(f"not a {BUNDLE_FORMAT} bundle")
         stream_id = uuid.UUID(stream)
         checkpoint = keyring.open_checkpoint(str(bundle["checkpoint"]), origin)
+        label = _check_labels(bundle, stream_id)
     except (NoteError, ValueError, KeyError, TypeError) as error:
         return BundleReport(stream, None, problem=str(error))
-    report = BundleReport(stream, checkpoint)
+    report = BundleReport(stream, checkpoint, label=label)
     previous = GENESIS
+    items = bundle.get("events") or []
     try:
-        for expected, item in enumerate(bundle.get("events") or [], start=1):
+        if not isinstance(items, list):
+            raise ProofError("the bundle's events are not a list")
+        for expected, item in enumerate(items, start=1):
             finding, previous = _check_event(stream_id, previous, expected, item, checkpoint)
             report.findings.append(finding)
+        _check_order(items, report.findings)
     except (ProofError, ValueError, KeyError, TypeError, binascii.Error) as error:
         report.problem = f"malformed event: {error}"
     if not report.findings and report.problem is None:
         report.problem = "the bundle holds no event"
+    report.held = [_against_held(bundle, checkpoint, mine) for mine in held]
     return report
+
+
+def _against_held(
+    bundle: Mapping[str, Any], theirs: Checkpoint, mine: Checkpoint
+) -> tuple[str, bool]:
+    """The bundle's checkpoint extends the auditor's (a consistency proof the
+    bundle carries), so every event the auditor's covers is proven against it."""
+    yours = f"your checkpoint of size {mine.size}"
+    if mine.origin != theirs.origin:
+        return (f"{yours}: FAILED: it is of log {mine.origin!r}, the bundle of"
+                f" {theirs.origin!r}"), False
+    if mine.size > theirs.size:
+        return (f"{yours}: FAILED: the bundle's checkpoint (size {theirs.size}) is older than"
+                " yours, so the events yours covers are not all proven: ask for a newer"
+                " bundle (a log that shows a smaller tree than one it signed has forked)"), False
+    try:
+        proof = _consistency_from(bundle, mine.size) if mine.size < theirs.size else []
+        if mine.size == theirs.size and mine.root != theirs.root:
+            raise ProofError("the same size with another root: two different histories")
+        if mine.size < theirs.size:
+            verify_consistency(mine.size, theirs.size, mine.root, theirs.root, proof)
+    except ProofError as error:
+        return f"{yours}: FAILED: {error}", False
+    return f"{yours}: the bundle's checkpoint extends it: OK", True
+
+
+def _consistency_from(bundle: Mapping[str, Any], size: int) -> list[bytes]:
+    for entry in bundle.get("consistency") or []:
+        if isinstance(entry, Mapping) and entry.get("from_size") == size:
+            return [_hash(p, "consistency proof hash") for p in entry.get("proof") or []]
+    raise ProofError(f"the bundle carries no consistency proof from size {size}: ask for one"
+                     f" (kandev-es identity history --proof --consistency-from {size})")
 
 
 def verify_consistency_bundle(
@@ -181,8 +309,11 @@ def verify_consistency_bundle(
     Raises NoteError or ProofError saying what fails."""
     if bundle.get("format") != CONSISTENCY_FORMAT:
         raise NoteError(f"not a {CONSISTENCY_FORMAT} document")
-    old = keyring.open_checkpoint(str(bundle["old"]), origin)
-    new = keyring.open_checkpoint(str(bundle["new"]), origin)
+    for part in ("old", "new"):
+        if not isinstance(bundle.get(part), str):
+            raise NoteError(f"the document has no {part!r} checkpoint")
+    old = keyring.open_checkpoint(bundle["old"], origin)
+    new = keyring.open_checkpoint(bundle["new"], origin)
     if old.origin != new.origin:
         raise NoteError("the two checkpoints are of different logs")
     proof = [_hash(p, "proof hash") for p in bundle.get("proof") or []]

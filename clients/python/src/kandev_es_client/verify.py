@@ -1,13 +1,19 @@
 """``kandev-es-verify``: the offline verifier of the client-only distribution.
-No server, no database: a proof bundle or a consistency proof, and the log's
-public key(s) in a keyring file (``kandev-es audit keyring`` prints one).
+No server, no database: a proof bundle or a consistency proof, the log's
+public key(s) in a keyring file (``kandev-es audit keyring`` prints one), and
+the checkpoints the auditor kept (``--checkpoint``, as many as held).
 
-    kandev-es-verify bundle BUNDLE.json --keyring KEYRING
+    kandev-es-verify bundle BUNDLE.json --keyring KEYRING [--checkpoint MINE ...]
     kandev-es-verify consistency PROOF.json --keyring KEYRING
     kandev-es-verify checkpoint CHECKPOINT --keyring KEYRING
 
+With ``--checkpoint``, a bundle must prove that its checkpoint extends each
+of yours (it carries a consistency proof from your size: ``kandev-es identity
+history --proof --consistency-from SIZE``), so no event your checkpoint
+covers can be passed off as pending or as another history.
+
 Exit status 0: verified; 1: something failed (the report says which event and
-why); 2: the files could not be read.
+why); 2: the files could not be read, or are not what the command reads.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ VERIFY_EXTRA = "pip install 'kandev-es-client[verify]'"
 try:
     from kandev_es_client.ledger import verify_bundle, verify_consistency_bundle
     from kandev_es_client.merkle import ProofError
-    from kandev_es_client.signed_note import Keyring, NoteError, parse_keyring
+    from kandev_es_client.signed_note import Checkpoint, Keyring, NoteError, parse_keyring
 except ModuleNotFoundError as missing:  # the plain client install: httpx only
     if missing.name != "cryptography":
         raise
@@ -33,6 +39,16 @@ except ModuleNotFoundError as missing:  # the plain client install: httpx only
         f"kandev-es-verify needs the verify extra (cryptography): {VERIFY_EXTRA}", file=sys.stderr
     )
     raise SystemExit(USAGE_ERROR) from None
+
+WHAT = {
+    "bundle": "a proof bundle (JSON, from `kandev-es identity history --proof`)",
+    "consistency": "a consistency proof (JSON, from `kandev-es audit consistency`)",
+    "checkpoint": "a signed checkpoint (from `kandev-es audit checkpoint`)",
+}
+
+
+class InputError(ValueError):
+    """A file that is not what the command reads, said in plain words."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -44,31 +60,84 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--keyring", type=Path, required=True,
                         help="the log's verifier keys (one vkey a line, or a JSON keyring)")
     parser.add_argument("--origin", help="the log's origin line, when known")
+    parser.add_argument("--checkpoint", dest="held", type=Path, action="append", default=[],
+                        metavar="FILE",
+                        help="a checkpoint you kept (repeatable): the bundle must prove it"
+                        " extends each")
     return parser
 
 
-def _run(kind: str, text: str, keyring: Keyring, origin: str | None) -> tuple[bool, list[str]]:
+def _refuse_constant(name: str) -> Any:
+    raise InputError(f"it holds {name}, which is not a number JSON allows")
+
+
+def load_json(text: str, name: str, kind: str) -> Any:
+    """The JSON document of a file, or InputError saying in words what it is."""
+    if not text.strip():
+        raise InputError(f"{name} is empty: expected {WHAT[kind]}")
+    try:
+        return json.loads(text, parse_constant=_refuse_constant)
+    except InputError as error:
+        raise InputError(f"{name} is not {WHAT[kind]}: {error}") from None
+    except json.JSONDecodeError as error:
+        raise InputError(f"{name} is not JSON (line {error.lineno}, column {error.colno}):"
+                         f" expected {WHAT[kind]}") from None
+    except RecursionError:
+        raise InputError(f"{name} is nested too deeply to be {WHAT[kind]}") from None
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise InputError(f"{path} is not UTF-8 text") from None
+
+
+def _held(paths: Sequence[Path], keyring: Keyring, origin: str | None) -> list[Checkpoint]:
+    held = []
+    for path in paths:
+        text = _read(path)
+        if not text.strip():
+            raise InputError(f"your checkpoint {path} is empty")
+        try:
+            held.append(keyring.open_checkpoint(text, origin))
+        except NoteError as error:
+            raise InputError(f"your checkpoint {path}: {error}") from None
+    return held
+
+
+def _run(
+    kind: str, path: Path, keyring: Keyring, args: argparse.Namespace
+) -> tuple[bool, list[str]]:
+    text = _read(path)
     if kind == "checkpoint":
-        checkpoint = keyring.open_checkpoint(text, origin)
+        if not text.strip():
+            raise InputError(f"{path} is empty: expected {WHAT[kind]}")
+        checkpoint = keyring.open_checkpoint(text, args.origin)
         return True, [f"checkpoint {checkpoint.origin} size {checkpoint.size}: signature OK"]
-    document: Any = json.loads(text)
+    document = load_json(text, str(path), kind)
+    if not isinstance(document, dict):
+        raise InputError(f"{path} is not {WHAT[kind]}: it is not a JSON object")
     if kind == "consistency":
-        old, new = verify_consistency_bundle(document, keyring, origin)
+        old, new = verify_consistency_bundle(document, keyring, args.origin)
         return True, [f"{old.origin}: size {new.size} extends size {old.size}: OK"]
-    report = verify_bundle(document, keyring, origin)
+    held = _held(args.held, keyring, args.origin)
+    report = verify_bundle(document, keyring, args.origin, held)
     return report.ok, report.lines()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        keyring = parse_keyring(args.keyring.read_text(encoding="utf-8"))
-        text = args.file.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError, NoteError) as error:
-        print(f"kandev-es-verify: {error}", file=sys.stderr)
+        keyring = parse_keyring(_read(args.keyring))
+    except (OSError, InputError, NoteError) as error:
+        print(f"kandev-es-verify: keyring {args.keyring}: {error}", file=sys.stderr)
         return USAGE_ERROR
     try:
-        ok, lines = _run(args.kind, text, keyring, args.origin)
+        ok, lines = _run(args.kind, args.file, keyring, args)
+    except (OSError, InputError) as error:
+        print(f"kandev-es-verify: {error}", file=sys.stderr)
+        return USAGE_ERROR
     except (NoteError, ProofError, ValueError, KeyError, TypeError) as error:
         ok, lines = False, [f"FAILED: {error}"]
     print("\n".join(lines))
