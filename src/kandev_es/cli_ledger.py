@@ -35,6 +35,41 @@ def audit_checkpoint(now: bool) -> None:
         services.close()
 
 
+@click.command("checkpoints", short_help="List the signed checkpoints' sizes.")
+@click.option("--after", "after", type=click.IntRange(min=0), default=0, show_default=True,
+              help="only checkpoints of sizes above this")
+@click.option("--limit", type=click.IntRange(min=1, max=100_000), default=50,
+              show_default=True, help="at most this many")
+@click.option("--oldest", is_flag=True,
+              help="the first --limit above --after (default: the newest --limit)")
+@click.option("--json", "as_json", is_flag=True,
+              help="print JSON: size, signed_at, origin, root and the signed note of each")
+@store_options
+def audit_checkpoints(after: int, limit: int, oldest: bool, as_json: bool) -> None:
+    """List the signed checkpoints, by tree size: the sizes you may ask a
+    consistency proof between (``audit consistency --from A --to B``,
+    ``identity history --proof --consistency-from A``)."""
+    from datetime import UTC, datetime
+
+    from kandev_es.services.ledger import signed_checkpoints
+
+    services = open_store()
+    try:
+        listed = signed_checkpoints(services.database, after, limit, newest=not oldest)
+    finally:
+        services.close()
+    if as_json:
+        click.echo(json.dumps({"checkpoints": listed}, indent=2))
+        return
+    if not listed:
+        click.echo("no signed checkpoint" + (f" above size {after}" if after else ""))
+        return
+    click.echo(f"{'SIZE':>12}  {'SIGNED AT (UTC)':<20}  {'ROOT':<44}  ORIGIN")
+    for item in listed:
+        at = datetime.fromtimestamp(item["signed_at"], UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        click.echo(f"{item['size']:>12}  {at:<20}  {item['root']:<44}  {item['origin']}")
+
+
 @click.command("keyring", short_help="Print the public keyring that verifies checkpoints.")
 @store_options
 def audit_keyring() -> None:
@@ -98,5 +133,5 @@ def backfill_ledger() -> str:
 
 
 def register(audit: click.Group) -> None:
-    for command in (audit_checkpoint, audit_keyring, audit_consistency):
+    for command in (audit_checkpoint, audit_checkpoints, audit_keyring, audit_consistency):
         audit.add_command(command)

@@ -6,6 +6,8 @@ SQL against an earlier checkpoint, naming the stream and version."""
 
 from __future__ import annotations
 
+import base64
+import json
 import time
 import uuid
 
@@ -267,3 +269,30 @@ def test_a_bundle_proves_it_extends_the_auditors_checkpoint(
                                                  "consistency_from": bad},
                              headers=bearer(operator[1]))
         assert refused.status_code == 400, (bad, refused.json)
+
+
+def test_audit_checkpoints_lists_the_signed_sizes(cli, services, workspace, member):
+    empty = cli("audit", "checkpoints")
+    assert (empty.exit_code, empty.stdout) == (0, "no signed checkpoint\n")
+    notes = [logged(services, workspace, member, f"SIZES-{n}") for n in range(3)]
+    sizes = [keyring(services).open_checkpoint(note).size for note in notes]
+    listed = cli("audit", "checkpoints", "--json")
+    assert listed.exit_code == 0, listed.output
+    rows = json.loads(listed.stdout)["checkpoints"]
+    assert [r["size"] for r in rows] == sorted(r["size"] for r in rows)
+    assert set(sizes) <= {r["size"] for r in rows}
+    for row in rows:  # each one verifies and is the checkpoint of its size
+        checkpoint = keyring(services).open_checkpoint(row["note"])
+        assert (checkpoint.size, checkpoint.origin) == (row["size"], row["origin"])
+        assert base64.b64encode(checkpoint.root).decode() == row["root"]
+    table = cli("audit", "checkpoints").stdout.splitlines()
+    assert table[0].split() == ["SIZE", "SIGNED", "AT", "(UTC)", "ROOT", "ORIGIN"]
+    assert [int(line.split()[0]) for line in table[1:]] == [r["size"] for r in rows]
+    assert table[-1].split()[2:] == [rows[-1]["root"], rows[-1]["origin"]]
+    newest = json.loads(cli("audit", "checkpoints", "--json", "--limit", "1").stdout)
+    assert [r["size"] for r in newest["checkpoints"]] == [rows[-1]["size"]]
+    oldest = json.loads(cli("audit", "checkpoints", "--json", "--limit", "1", "--oldest",
+                            "--after", str(sizes[0])).stdout)
+    assert [r["size"] for r in oldest["checkpoints"]] == [
+        min(r["size"] for r in rows if r["size"] > sizes[0])]
+    assert cli("audit", "checkpoints", "--limit", "0").exit_code == 2

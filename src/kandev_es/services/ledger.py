@@ -376,6 +376,22 @@ def latest_checkpoint(database: Database) -> str:
     return latest[1]
 
 
+def signed_checkpoints(
+    database: Database, after: int = 0, limit: int = 50, newest: bool = True
+) -> list[dict[str, Any]]:
+    """The signed checkpoints an auditor may ask consistency proofs between
+    (``audit checkpoints``): size, when signed, origin, root and the note."""
+    with database.transaction() as tx:
+        rows = store.checkpoints_page(tx, after, limit, newest)
+    listed = []
+    for size, note, signed_at in rows:
+        text, _ = split_note(note)
+        origin, _, root = text.split("\n")[:3]
+        listed.append({"size": size, "signed_at": signed_at, "origin": origin, "root": root,
+                       "note": note})
+    return listed
+
+
 def consistency(database: Database, old_size: int, new_size: int | None) -> dict[str, Any]:
     """A consistency proof between two signed checkpoints (the newest when
     ``new_size`` is None)."""

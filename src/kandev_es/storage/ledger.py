@@ -173,6 +173,21 @@ def all_checkpoints(tx: Transaction) -> list[tuple[int, str]]:
     return [(int(size), str(note)) for size, note in rows]
 
 
+def checkpoints_page(
+    tx: Transaction, after: int, limit: int, newest: bool
+) -> list[tuple[int, str, float]]:
+    """Signed checkpoints (size, note, signed at) above size ``after``, by
+    size: the first ``limit`` of them, or the last ``limit`` (``newest``)."""
+    order = "DESC" if newest else "ASC"
+    rows = tx.execute(
+        "SELECT tree_size, note, signed_at FROM ledger_checkpoints WHERE tree_size > ?"
+        f" ORDER BY tree_size {order} LIMIT ?",
+        (after, limit),
+    )
+    found = [(int(size), str(note), float(at)) for size, note, at in rows]
+    return sorted(found)
+
+
 def add_checkpoint(tx: Transaction, size: int, note: str, signed_at: float) -> None:
     tx.execute(
         "INSERT INTO ledger_checkpoints (tree_size, note, signed_at) VALUES (?, ?, ?)",
