@@ -163,6 +163,11 @@ class WaitressWorker(Worker):  # type: ignore[misc]
             # bounds an answer left unread (seconds without a byte taken).
             channel_timeout=60,
             cleanup_interval=1,
+            # A connection whose request is being served stays readable, so a
+            # client that leaves is seen at once (waitress.client_disconnected):
+            # an event stream on an idle server ends within a second of its
+            # client leaving, not at its next write (services/feeds.py).
+            channel_request_lookahead=1,
             asyncore_use_poll=True,
             asyncore_loop_timeout=1,
             # KANDEV_MAX_BODY_BYTES is allowed, one byte more is not (waitress: >=).

@@ -24,6 +24,7 @@ from kandev_es.services.feeds import (
     MAX_STREAM_SECONDS,
     EndReason,
     feed_page,
+    never_gone,
     sse_stream,
 )
 from kandev_es.services.stream_slots import HeldStream, StreamSlots
@@ -190,6 +191,7 @@ class EventStream(MethodView):
                     ended=_end_reason(bearer_secret(), target),
                     settled=svc.app.settled_rows,
                     head=svc.app.max_notification_id,
+                    gone=request.environ.get("waitress.client_disconnected", never_gone),
                 ),
             ),
             mimetype="text/event-stream",

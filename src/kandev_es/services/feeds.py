@@ -41,6 +41,16 @@ def _still_allowed() -> str | None:
     return None
 
 
+# Whether the stream's client has left (the WSGI server's
+# ``waitress.client_disconnected``): asked each time the stream wakes, at least
+# every ``poll_seconds``, so a client leaving an idle server frees its slot then.
+ClientGone = Callable[[], bool]
+
+
+def never_gone() -> bool:
+    return False
+
+
 # Set once, when this process stops serving (the worker's SIGTERM): every open
 # stream sends a last comment and ends at once, so its client reconnects to a
 # server that stays and the worker's drain is not held for a stream's life.
@@ -196,6 +206,7 @@ def sse_stream(
     ended: EndReason = _still_allowed,
     settled: SettledRows = _everything_visible,
     head: Callable[[], int] | None = None,
+    gone: ClientGone = never_gone,
 ) -> Iterator[str]:
     """Server-Sent Events: ``id`` is the feed cursor, so a client reconnecting
     with ``Last-Event-ID`` resumes right after the last event it saw. The stream
@@ -211,12 +222,13 @@ def sse_stream(
     workspace deleted) the stream says so in a last comment and ends, so a
     revocation reaches an open stream within one heartbeat, and no event read
     after it is sent. Once the server stops (``end_open_streams``), it says
-    so and ends at once."""
+    so and ends at once; once its client has left (``gone``), it ends without
+    a word."""
     if head is not None:
         HEAD_WATCH.join(head)
     try:
         yield from _events(
-            database, workspace_id, after, max_seconds, poll_seconds, ended, settled
+            database, workspace_id, after, max_seconds, poll_seconds, ended, settled, gone
         )
     finally:
         if head is not None:
@@ -231,6 +243,7 @@ def _events(
     poll_seconds: float,
     ended: EndReason,
     settled: SettledRows,
+    gone: ClientGone,
 ) -> Iterator[str]:
     deadline = time.monotonic() + max_seconds
     beat = checked = time.monotonic()
@@ -239,6 +252,8 @@ def _events(
     while True:
         if SERVER_STOPPING.is_set():
             yield ": stream closed: server stopping\n\n"
+            return
+        if gone():
             return
         rung = SAVES.rung  # before the read: a save during it rings again
         try:

@@ -1,0 +1,55 @@
+"""A client that leaves an open event stream on an idle server gives its slot
+back within seconds (issue 42, point 4): the worker keeps reading a connection
+while its stream is served, so it sees the client's FIN at once, and the
+stream asks about it each time it wakes (at least every half second). Before,
+it was noticed only at the stream's next write (10-20 s: a keep-alive into a
+closed socket succeeds, the one after it fails). `kandev-es serve`, both
+backends, with one stream allowed per token: the token's next stream is
+refused (503) until the first one's slot is free again."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.support.served import ServedProcess, http, open_event_stream
+
+FREED_WITHIN_S = 3.0  # a wake (0.5 s) and the worker's loop, with room for a loaded machine
+
+
+@pytest.fixture
+def server(settings, tmp_path):
+    served = ServedProcess(settings, tmp_path, workers=1, KANDEV_MAX_STREAMS_PER_TOKEN="1")
+    yield served
+    served.stop()
+
+
+def test_a_client_leaving_an_idle_stream_frees_its_slot_within_seconds(server):
+    issued = http(
+        "POST",
+        server.base + "/api/v1/tokens",
+        server.token,
+        {"workspace_id": server.workspace_id},
+    )
+    assert issued.status == 201, issued.body
+    token = issued.body["token"]
+    first, status, _ = open_event_stream(server, token)
+    assert status == 200, server.log()
+    time.sleep(1.0)  # idle: nothing is written to it, no save wakes it
+    refused, status, _ = open_event_stream(server, token)
+    refused.close()
+    assert status == 503, "the token's one stream is held"
+
+    first.close()  # the client leaves; the server writes nothing that would fail
+    left_at = time.monotonic()
+    while True:
+        again, status, _ = open_event_stream(server, token)
+        again.close()
+        if status == 200:
+            break
+        assert time.monotonic() - left_at < 30, "the slot never came back"
+        time.sleep(0.1)
+    freed_s = time.monotonic() - left_at
+    print(f"slot freed {freed_s:.2f} s after the client left")
+    assert freed_s < FREED_WITHIN_S, freed_s
