@@ -364,6 +364,14 @@ class Tasks(Application):  # type: ignore[type-arg]
         with self._store_call():
             return int(cast(Any, self.recorder).next_office_number(workspace_id))
 
+    def next_office_numbers(self, workspace_id: uuid.UUID, count: int) -> list[int]:
+        """``count`` of the workspace's next office numbers, drawn at once
+        (ascending, never reused; a batch of creates)."""
+        if count <= 0:
+            return []
+        with self._store_call():
+            return list(cast(Any, self.recorder).next_office_numbers(workspace_id, count))
+
     def snapshot(self, aggregate_id: uuid.UUID, kind: type[A]) -> A | None:
         """The last state ``read_many`` saw, without asking the store (it may
         be stale): for guessing which other streams to fetch in the same query.

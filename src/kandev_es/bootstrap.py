@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from eventsourcing.persistence import PersistenceError
 
 from kandev_es.application import Tasks
+from kandev_es.bulk.service import BatchService
 from kandev_es.config import Settings, data_path
 from kandev_es.creation.driver import CreationDriver
 from kandev_es.creation.service import CreationService
@@ -54,6 +55,7 @@ class Services:
     attestation: AttestationGuard
     driver: CreationDriver
     creation: CreationService
+    batch: BatchService
     tasks: TaskService
     workspaces: WorkspaceService
     tokens: TokenService
@@ -236,13 +238,15 @@ def bootstrap(settings: Settings) -> Services:
     # One driver for the creating request, workspace deletion and the Runtime;
     # agent launch gets its run credentials from the token service through it.
     driver = CreationDriver(app, settings, tokens)
+    creation = CreationService(app, attestation, settings, driver)
     return Services(
         settings=settings,
         app=app,
         database=database,
         attestation=attestation,
         driver=driver,
-        creation=CreationService(app, attestation, settings, driver),
+        creation=creation,
+        batch=BatchService(app, creation, settings.batch_max_items),
         tasks=TaskService(app, database),
         workspaces=WorkspaceService(app, database),
         tokens=tokens,

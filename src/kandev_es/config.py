@@ -24,6 +24,9 @@ class Settings:
     create_tables: bool = True
     pool_size: int = 5
     max_body_bytes: int = 1_048_576
+    # The most items of a batch of creates (POST /api/v1/tasks/batch; its
+    # body is bounded by max_body_bytes like any other).
+    batch_max_items: int = 1_000
     # Seconds a request's headers, and its whole body, may take from its first
     # byte; seconds a connection may stay open without a request; connections
     # one worker process holds open (docs/security.md: Input limits and streams).
@@ -325,6 +328,7 @@ DAY, YEAR = 86_400, 366 * 86_400
 INT_SETTINGS: dict[str, tuple[int, int]] = {
     "KANDEV_POOL_SIZE": (1, 1_000),
     "KANDEV_MAX_BODY_BYTES": (1, 1 << 30),
+    "KANDEV_BATCH_MAX_ITEMS": (1, 100_000),
     "KANDEV_MAX_CONNECTIONS": (1, 1_000_000),
     # Within waitress' 256 KiB for the request line and headers together.
     "KANDEV_MAX_REQUEST_LINE": (64, 262_144),
@@ -418,6 +422,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         create_tables=_flag(env.get("KANDEV_CREATE_TABLES"), True),
         pool_size=_int(env, "KANDEV_POOL_SIZE", 5),
         max_body_bytes=_int(env, "KANDEV_MAX_BODY_BYTES", 1_048_576),
+        batch_max_items=_int(env, "KANDEV_BATCH_MAX_ITEMS", 1_000),
         header_timeout=_seconds(env, "KANDEV_HEADER_TIMEOUT", 10.0),
         body_timeout=_seconds(env, "KANDEV_BODY_TIMEOUT", 30.0),
         idle_timeout=_seconds(env, "KANDEV_IDLE_TIMEOUT", 5.0),

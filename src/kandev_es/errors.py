@@ -87,6 +87,14 @@ class MissingOperationId(BadRequest):
     code = "idempotency_key_required"
 
 
+class InvalidBatch(BadRequest):
+    """A batch of creates whose envelope is unusable: ``tasks`` not a list, an
+    item that is not an object, a key given twice, a field the batch does not
+    take. Refused whole, before any item is read (``details`` says where)."""
+
+    code = "invalid_batch"
+
+
 class UnknownProjection(BadRequest):
     code = "unknown_projection"
 
@@ -136,6 +144,28 @@ class OperationIdReused(ValidationFailed):
     """A release operation id already used to release another identity."""
 
     code = "operation_id_reused"
+
+
+class BatchRefused(ValidationFailed):
+    """An atomic batch of creates in which some item would not be created or
+    found: nothing was created; ``details.failures`` lists every failing index
+    with its error."""
+
+    code = "batch_refused"
+
+
+class EffectsInAtomicBatch(ValidationFailed):
+    """An item with effects (repositories, attachments, start_agent, or a
+    workspace WIP limit: durable steps) in an atomic batch, which saves its
+    items in one transaction and so can run no step."""
+
+    code = "effects_in_atomic_batch"
+
+
+class IdempotencyKeyReused(ValidationFailed):
+    """An ``Idempotency-Key`` already used for a batch with another body."""
+
+    code = "idempotency_key_reused"
 
 
 class Unauthenticated(KandevError):
@@ -229,6 +259,13 @@ class Contended(Conflict):
     bounded attempt (``Tasks.retry_on_conflict``). Retrying later is safe."""
 
 
+class BatchInProgress(Conflict):
+    """A batch with this ``Idempotency-Key`` is still being processed; retry
+    with the same key once it ends (its answer is then replayed)."""
+
+    code = "batch_in_progress"
+
+
 class WorkspaceExists(Conflict):
     code = "workspace_exists"
 
@@ -272,6 +309,13 @@ class RevisionMismatch(KandevError):
 
 class PayloadTooLarge(KandevError):
     code = "payload_too_large"
+
+
+class BatchTooLarge(PayloadTooLarge):
+    """A batch of creates with more items than KANDEV_BATCH_MAX_ITEMS
+    (``details.max_items``) or more bytes than KANDEV_BATCH_MAX_BYTES."""
+
+    code = "batch_too_large"
 
 
 class RequestLineTooLong(KandevError):

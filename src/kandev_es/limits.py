@@ -67,6 +67,27 @@ def _finite(literal: str) -> float:
 _DECODER = json.JSONDecoder(parse_constant=_not_a_number, parse_float=_finite)
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    made = dict(pairs)
+    if len(made) == len(pairs):
+        return made
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise MalformedJson(
+                "a key appears twice in one object of the request body", key=field_path((key,))
+            )
+        seen.add(key)
+    return made  # pragma: no cover - a shorter dict means a repeated key
+
+
+# The same decoder, refusing an object that names a key twice (which one
+# would count is a guess): for bodies where that guess could cost a write.
+_UNIQUE_DECODER = json.JSONDecoder(
+    parse_constant=_not_a_number, parse_float=_finite, object_pairs_hook=_unique_keys
+)
+
+
 def check_json_depth(raw: bytes, limit: int = MAX_JSON_DEPTH) -> None:
     """Refuse a body nested deeper than ``limit`` without recursion. Cheap on
     ordinary bodies: with no more brackets than the limit nothing is scanned."""
@@ -84,14 +105,16 @@ def check_json_depth(raw: bytes, limit: int = MAX_JSON_DEPTH) -> None:
             depth -= 1
 
 
-def parse_json_body(raw: bytes) -> Any:
+def parse_json_body(raw: bytes, unique_keys: bool = False) -> Any:
     """A request body parsed once, at the edge, for every JSON route: depth
     first (the decoder recurses per level), then the strict decode, then every
-    string (keys included) checked to be storable text."""
+    string (keys included) checked to be storable text. ``unique_keys``: an
+    object naming a key twice is refused (MalformedJson)."""
     check_json_depth(raw)
+    decoder = _UNIQUE_DECODER if unique_keys else _DECODER
     try:
         text = raw.decode(json.detect_encoding(raw), "surrogatepass")
-        value = _DECODER.decode(text)
+        value = decoder.decode(text)
     except (ValueError, UnicodeDecodeError):  # MalformedJson is neither
         raise MalformedJson("request body is not valid JSON") from None
     if _MAYBE_UNSTORABLE.search(raw):  # else no string needs a look

@@ -26,7 +26,7 @@ LAYERS: tuple[tuple[tuple[str, ...], ...], ...] = (
     (("application",),),
     (("projections",),),
     (("creation",),),
-    (("services",), ("runtime",)),
+    (("services",), ("runtime",), ("bulk",)),
     (("bootstrap",),),
     # MCP answers with the REST error contract through errors.http_status, not
     # through api/ (which would build the whole Flask app): the two never import

@@ -50,4 +50,5 @@ def test_every_entry_point_creates_through_the_one_service():
         "api/office.py",
         "mcp/handlers.py",
         "cli_tasks.py",
+        "bulk/service.py",
     }

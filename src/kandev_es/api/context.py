@@ -67,12 +67,13 @@ def own_task_principal(task_id: uuid.UUID) -> Principal | None:
     return found if found is not None and found.task_id == task_id else None
 
 
-def json_object() -> dict[str, Any]:
+def json_object(unique_keys: bool = False) -> dict[str, Any]:
     """Parse the body ourselves (limits.parse_json_body: depth, storable text,
     finite numbers), without validating its fields: the protocol reads only
-    workspace_id and external_id before the lookup (AC-4)."""
+    workspace_id and external_id before the lookup (AC-4). ``unique_keys``:
+    an object naming a key twice is refused."""
     raw = request.get_data(cache=True)
-    body = parse_json_body(raw) if raw else None
+    body = parse_json_body(raw, unique_keys) if raw else None
     if not isinstance(body, dict):
         raise MalformedJson("request body must be a JSON object")
     return body

@@ -21,6 +21,8 @@ from kandev_es.api.context import (
     services,
 )
 from kandev_es.api.errors import document_errors
+from kandev_es.bulk.request import BatchCreateRequestSchema
+from kandev_es.bulk.results import BatchCreateResponseSchema
 from kandev_es.creation.outcomes import CreateTaskResponseSchema
 from kandev_es.creation.request import CreateTaskRequestSchema
 from kandev_es.domain.external_id import normalize_external_id, require_external_id
@@ -102,6 +104,38 @@ class TaskCreate(MethodView):
         result = services().creation.create(create_principal(), body)
         with tracing.span("answer"):
             return create_answer(result)  # the documented schema's dump, built here
+
+
+@blp.route("/tasks/batch")
+class TaskBatch(MethodView):
+    @_documentation_only
+    @blp.doc(
+        requestBody={
+            "required": True,
+            "content": {"application/json": {"schema": BatchCreateRequestSchema}},
+        },
+    )
+    @blp.response(200, BatchCreateResponseSchema)
+    @document_errors(blp, 400, 404, 409, 413, 422, 503)
+    def post(self) -> Response:  # always a Response: see _documentation_only
+        """Create many tasks, each idempotent by external_id
+
+        Each item of `tasks` is a single create's body and obeys its protocol: a held
+        identity is found before the item is validated, with no side effect; an item
+        without `external_id` creates a task; an external ID given twice makes one
+        task (the later item answers found). The answer is 200 whatever the items'
+        outcomes: one result per item in request order -- the single create's answer
+        or the item's typed error, with its `index` and `status` -- and counts by
+        outcome. The batch's workspace is authorized before any item is read (404).
+        At most `KANDEV_BATCH_MAX_ITEMS` items (413). `atomic: true`: nothing is
+        created unless every item would be created or found (422 `batch_refused`
+        listing every failing index); items with effects are refused there.
+        Retrying a batch is safe by external ID.
+        """
+        body = json_object(unique_keys=True)
+        result = services().batch.create_many(principal(), body)
+        with tracing.span("answer"):
+            return jsonify(result.to_response())
 
 
 @blp.route("/workspaces/<workspace_id>/tasks/by-external-id")

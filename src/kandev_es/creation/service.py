@@ -57,7 +57,7 @@ class _NotAdmitted(InternalError):
 
 
 @dataclass(frozen=True)
-class _Claimed:
+class Claimed:
     """A saved claim: whose tenure, its task, the caller's handle, and the
     outcome when the claim's own save completed it (an inline plan)."""
 
@@ -146,7 +146,20 @@ class CreationService:
             fields = self._fields(body, workspace, placed)  # step 4: only after the lookup missed
             number = self._app.next_office_number(workspace.id)  # step 5
         # else drawn with the lookup: nothing moved since the snapshots that validated the body
-        plan = CreationPlan(
+        plan = self.plan(principal, workspace, external_id, number, fields)
+        return self._claim_and_settle(principal, plan, new_secret(), identity, workspace)
+
+    @staticmethod
+    def plan(
+        principal: Principal,
+        workspace: Workspace,
+        external_id: str | None,
+        number: int,
+        fields: dict[str, Any],
+    ) -> CreationPlan:
+        """The plan of a create whose body step 4 validated into ``fields``,
+        with its office number (step 5)."""
+        return CreationPlan(
             workspace_id=workspace.id,
             external_id=external_id,
             identifier=f"{workspace.task_prefix}-{number}",
@@ -156,7 +169,6 @@ class CreationService:
             started_by_run=principal.run_id,
             **fields,
         )
-        return self._claim_and_settle(principal, plan, new_secret(), identity, workspace)
 
     def _read(
         self,
@@ -246,6 +258,40 @@ class CreationService:
         """Side-effect-free: what holds this identity right now, if anything."""
         self._attestation.require()
         return self._holders.lookup(workspace_id, external_id)
+
+    # ----- the pieces a batch of creates reuses (bulk/) ---------------------
+    @property
+    def holders(self) -> Holders:
+        """Step 3's answers (creation/found.py)."""
+        return self._holders
+
+    def require_attested(self) -> None:
+        """External-ID traffic waits for the schema's attestation (AC-1)."""
+        self._attestation.require()
+
+    def authorized_workspace_id(
+        self, principal: Principal | None, raw_workspace: object
+    ) -> uuid.UUID:
+        """Step 1 before any read: the workspace named (else the token's), if
+        the principal may act on it; TaskNotCreated otherwise."""
+        return self._workspace_id(principal, raw_workspace)
+
+    def validated_fields(self, body: Mapping[str, Any], workspace: Workspace) -> dict[str, Any]:
+        """Step 4: the body loaded and validated against the workspace."""
+        return self._fields(body, workspace, None)
+
+    def identity_to_claim(
+        self, workspace_id: uuid.UUID, external_id: str | None, read: Identity | None
+    ) -> Identity:
+        """The identity a claim is saved on: the one read at the lookup loaded
+        afresh (reads are never changed), else a new registration."""
+        key = identity_id(workspace_id, external_id) if external_id is not None else uuid.uuid4()
+        existing = self._app.load(key, Identity) if read is not None else None
+        return existing or Identity.register(key, workspace_id, external_id)
+
+    def answer(self, claimed: Claimed) -> CreateResult:
+        """The Created answer of a saved inline claim (steps 8-9 done in it)."""
+        return self._settle(claimed)
 
     # ----- steps -------------------------------------------------------------
     @staticmethod
@@ -351,7 +397,7 @@ class CreationService:
         secret: str,
         identity: Identity,
         unchanged: Workspace | None,
-    ) -> _Claimed | CreateResult | None:
+    ) -> Claimed | CreateResult | None:
         """The claim (Claimed + Task.Created, one save): Found if the identity
         is held, None if the save lost a version check. With ``unchanged``
         (an inline plan) the save also completes the creation, and commits
@@ -359,6 +405,34 @@ class CreationService:
         found = self._holders.found(identity)
         if found is not None:
             return found
+        claimed = self.claimed(principal, plan, secret, identity, completed=unchanged is not None)
+        try:
+            self._app.save_atomically(
+                identity,
+                claimed.task,
+                unchanged={unchanged.id: unchanged.version} if unchanged is not None else None,
+                dtos={claimed.task.id: claimed.dto} if claimed.dto is not None else None,
+            )
+        except VersionConflict:
+            return None
+        log.info(
+            "claimed workspace=%s identity=%s tenure=%s task=%s",
+            plan.workspace_id, identity.id, claimed.number, claimed.task.id,
+        )
+        failpoints.hit(self._settings, "claim:after")
+        return claimed
+
+    def claimed(
+        self,
+        principal: Principal,
+        plan: CreationPlan,
+        secret: str,
+        identity: Identity,
+        completed: bool,
+    ) -> Claimed:
+        """The claim (Claimed + Task.Created) on ``identity`` and its task,
+        unsaved: the caller saves both in one save. ``completed`` (an inline
+        plan): the claim also completes the creation."""
         actor = principal.actor
         number, task = creation.claim(
             identity,
@@ -368,32 +442,18 @@ class CreationService:
             actor=actor,
             lease_expires_at=datetime.now(UTC) + self._lease,
             handle_hash=handle_hash(secret, actor, plan.plan_hash),
-            completed=unchanged is not None,
+            completed=completed,
             request_id=serving.current_request_id(),
             traceparent=tracing.traceparent(),
         )
-        outcome = identity.tenure(number).outcome if unchanged is not None else None
+        outcome = identity.tenure(number).outcome if completed else None
         # An inline plan's task is final now: its DTO is the answer's and the
         # read model's alike, made once.
-        dto = task_dto(task) if unchanged is not None else None
-        try:
-            self._app.save_atomically(
-                identity,
-                task,
-                unchanged={unchanged.id: unchanged.version} if unchanged is not None else None,
-                dtos={task.id: dto} if dto is not None else None,
-            )
-        except VersionConflict:
-            return None
-        log.info(
-            "claimed workspace=%s identity=%s tenure=%s task=%s",
-            plan.workspace_id, identity.id, number, task.id,
-        )
-        failpoints.hit(self._settings, "claim:after")
+        dto = task_dto(task) if completed else None
         handle = str(Handle(identity.id, number, secret))
-        return _Claimed(identity.id, number, task, handle, outcome, dto)
+        return Claimed(identity.id, number, task, handle, outcome, dto)
 
-    def _settle(self, claimed: _Claimed) -> CreateResult:
+    def _settle(self, claimed: Claimed) -> CreateResult:
         """Drive a claimed creation to its end (steps 8-9) and answer. An
         inline plan settled in its claim: only the answer is left."""
         if claimed.outcome is not None:

@@ -607,6 +607,18 @@ class KandevPostgresRecorder(PostgresApplicationRecorder):
         assert row is not None
         return int(row[0])
 
+    @_retry_once_after_pool_check
+    def next_office_numbers(self, workspace_id: uuid.UUID, count: int) -> list[int]:
+        """``count`` office numbers in one statement (a batch of creates),
+        ascending; another drawer's numbers may fall between them."""
+        with _Pooled(self.datastore.pool) as conn:
+            rows = _tuples(conn).execute(
+                "SELECT nextval(%b::regclass) FROM generate_series(1, %b::int)",
+                (self._sequence(workspace_id), count),
+                prepare=True,
+            ).fetchall()
+        return sorted(int(row[0]) for row in rows)
+
     def _sequence(self, workspace_id: uuid.UUID) -> str:
         """The workspace's office number sequence, schema-qualified (storage/counters.py)."""
         return f'{self._sequence_prefix}"{sequence_name(workspace_id)}"'
