@@ -330,6 +330,19 @@ class HeaderFieldsTooLarge(KandevError):
     code = "header_fields_too_large"
 
 
+class RequestTimeout(KandevError):
+    """A request whose headers or body did not arrive within their time
+    (KANDEV_HEADER_TIMEOUT, KANDEV_BODY_TIMEOUT), answered by the HTTP front."""
+
+    code = "request_timeout"
+
+
+class TransferEncodingUnsupported(KandevError):
+    """A Transfer-Encoding the HTTP front does not decode (only chunked is)."""
+
+    code = "not_implemented"
+
+
 class EffectFailed(KandevError):
     """An effect outside the event store (git, the agent process) failed, or
     could not be proven, so the creation aborted."""
@@ -445,6 +458,8 @@ HTTP_STATUS: dict[type[KandevError], int] = {
     PayloadTooLarge: 413,
     RequestLineTooLong: 414,
     HeaderFieldsTooLarge: 431,
+    RequestTimeout: 408,
+    TransferEncodingUnsupported: 501,
     ValidationFailed: 422,
     TooMany: 429,
     EffectFailed: 502,

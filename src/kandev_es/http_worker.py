@@ -13,8 +13,9 @@ the limit is 413 whether chunked or not, and malformed chunks are 400.
 What waitress lacks and this module adds, each small:
 - a total time for a request's headers and for its body, counted from the
   request's first byte (waitress only closes a channel inactive for a while,
-  which a byte a second never is), and a short idle time for a connection
-  with no request; enforced in the server's maintenance, once a second;
+  which a byte a second never is): answered 408 and closed; and a short idle
+  time for a connection with no request (closed); enforced in the server's
+  maintenance, once a second;
 - limits on the request line, header fields and field bytes, and waitress'
   own error answers in the API's JSON error shape (http_limits.py);
 - a graceful stop that ends open event streams and lets running answers out.
@@ -35,7 +36,13 @@ from waitress.channel import HTTPChannel
 from waitress.server import BaseWSGIServer, create_server
 
 from kandev_es.config import Settings
-from kandev_es.http_limits import HEAD_BYTES, HeadLimits, JsonErrorTask, limited_parser
+from kandev_es.http_limits import (
+    HEAD_BYTES,
+    HeadLimits,
+    RefusalTask,
+    RequestTimeoutError,
+    limited_parser,
+)
 
 # Seconds the worker's loop waits for I/O at most between heartbeats and
 # checks of `alive` (gunicorn's SIGTERM); maintenance runs once a second.
@@ -56,15 +63,17 @@ class Timeouts:
 
 class TimedChannel(HTTPChannel):  # type: ignore[misc]
     """A connection that knows when its current request's first byte came,
-    and lingers after refusing a request (http_limits.JsonErrorTask sets
+    and lingers after refusing a request (http_limits.RefusalTask sets
     ``refused``): closing at once with the rest of a 200 KB head unread would
     send a reset that can cost the client its 414 / 431 answer. So, as nginx
     does, it stops sending (FIN after the answer), reads and drops what still
     comes for up to LINGER_S, and closes then or when the client does."""
 
+    request: Any  # waitress': the request arriving, None between requests
     request_started = 0.0
     refused = False
     lingering_until = 0.0
+    timed_out = False
 
     def handle_close(self) -> None:
         if self.refused and not self.lingering_until and self.connected:
@@ -82,8 +91,8 @@ class TimedChannel(HTTPChannel):  # type: ignore[misc]
         return bool(self.lingering_until) or bool(super().readable())
 
     def received(self, data: bytes) -> bool:
-        if self.lingering_until:
-            return False  # dropped: the request was answered and refused
+        if self.lingering_until or self.timed_out:
+            return False  # dropped: the request was (or is being) refused
         before = self.request
         result: bool = super().received(data)
         if self.request is not None and self.request is not before:
@@ -106,6 +115,30 @@ class TimedChannel(HTTPChannel):  # type: ignore[misc]
             return bool(idle > self.adj.channel_timeout)
         return idle > timeouts.idle
 
+    def time_out(self, timeouts: Timeouts) -> bool:
+        """An overdue request that began refused with 408 (answered by a task
+        thread, like every refusal, then the connection closes); False when
+        there is none (a silent connection is closed without an answer)."""
+        with self.requests_lock:
+            request = self.request
+            if request is None or request.completed or self.requests or self.timed_out:
+                return False
+            if request.error is not None:
+                pass  # a head already refused, read on for the caller's id: that answer
+            elif request.headers_finished:
+                request.error = RequestTimeoutError(f"body not received within {timeouts.body:g} s")
+            else:
+                request.head_seen = request.header_plus
+                request.error = RequestTimeoutError(
+                    f"headers not received within {timeouts.header:g} s"
+                )
+            request.completed = True
+            self.timed_out = True
+            self.requests.append(request)
+            self.request = None
+        self.server.add_task(self)
+        return True
+
 
 def _bound(server: BaseWSGIServer, timeouts: Timeouts, limits: HeadLimits) -> None:
     """A server made by waitress.create_server, with our channels (our head
@@ -115,13 +148,13 @@ def _bound(server: BaseWSGIServer, timeouts: Timeouts, limits: HeadLimits) -> No
 
     def maintenance(now: float) -> None:
         for channel in list(server.active_channels.values()):
-            if channel.overdue(now, timeouts):
+            if channel.overdue(now, timeouts) and not channel.time_out(timeouts):
                 channel.will_close = True
 
     server.channel_class = type(
         "KandevChannel",
         (TimedChannel,),
-        {"parser_class": limited_parser(limits), "error_task_class": JsonErrorTask},
+        {"parser_class": limited_parser(limits), "error_task_class": RefusalTask},
     )
     server.maintenance = maintenance
 

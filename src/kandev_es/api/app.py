@@ -3,9 +3,7 @@ named function. No application object is built at import time."""
 
 from __future__ import annotations
 
-import time
-
-from flask import Flask, Response, g, request
+from flask import Flask, Response, request
 from flask_smorest import Api
 
 from kandev_es import __version__, metrics
@@ -125,21 +123,19 @@ def _register_blueprints(api: Api) -> None:
 
 
 def _follow_requests(app: Flask) -> None:
-    """Each request's id and access line (observability/middleware.py), its
-    span when traces are on (a caller's traceparent its parent), what its log
-    lines say of it (the route, the workspace in its path), and its count and
-    time to its headers by method, URL rule and status (a stream's body is
-    not in its latency). One hook before and one after each request: Flask
-    pays a call and a check of each hook on every request. The before hook
-    starts the clock first, so a request refused by a later check (the query
-    string, the cursor) is counted too."""
-    wrapped = with_request_ids(tracing.instrument_wsgi(app.wsgi_app))
+    """Each request's id, access line and count (observability/middleware.py:
+    the one path every answer takes, the HTTP front's refusals too; its count
+    and time to its headers by method, URL rule and status, so a stream's body
+    is not in its latency), its span when traces are on (a caller's
+    traceparent its parent), and what its log lines say of it (the route, the
+    workspace in its path). One hook before and one after each request: Flask
+    pays a call and a check of each hook on every request."""
+    wrapped = with_request_ids(tracing.instrument_wsgi(app.wsgi_app), metrics.record_request)
     app.wsgi_app = wrapped  # type: ignore[assignment,method-assign]
     metrics.instruments()  # made now, in this worker, so a scrape shows them at 0
 
     @app.before_request
     def _started() -> None:
-        g.metrics_started = time.perf_counter()
         rule = request.url_rule.rule if request.url_rule is not None else None
         current = serving.current()
         if current is not None:
@@ -150,10 +146,6 @@ def _follow_requests(app: Flask) -> None:
 
     @app.after_request
     def _answered(response: Response) -> Response:
-        started = g.get("metrics_started")
-        elapsed = time.perf_counter() - started if started is not None else 0.0
-        rule = request.url_rule.rule if request.url_rule is not None else None
-        metrics.record_request(request.method, rule, response.status_code, elapsed)
         return _no_store(response)
 
 
