@@ -1,5 +1,5 @@
 """Commands for people at a terminal: `workspace list` and `task create / get /
-lookup`. Each calls the service the REST route calls (`task create` is the one
+lookup / list`. Each calls the service the REST route calls (`task create` is the one
 create protocol, CreationService.create, as POST /api/v1/tasks) and prints a
 table; with --json it prints what that route answers, on one line, for scripts.
 
@@ -20,9 +20,10 @@ from rich.table import Table
 
 from kandev_es.cli_usage import UUID_ARGUMENT, open_store, store_options, workspace_id
 from kandev_es.creation.outcomes import CreateTaskResponseSchema
-from kandev_es.domain.external_id import require_external_id
+from kandev_es.domain.external_id import normalize_external_id, require_external_id
 from kandev_es.domain.principal import LOCAL_CLI
 from kandev_es.errors import KandevError
+from kandev_es.limits import MAX_CURSOR, MAX_LIST_LIMIT
 from kandev_es.views import task_dto, workspace_dto
 
 _CREATE_ANSWER = CreateTaskResponseSchema()
@@ -111,7 +112,7 @@ def workspace_list(as_json: bool) -> None:
 @click.group()
 def task() -> None:
     """Tasks: create one (idempotent by --external-id), read one by id, look one
-    up by external ID."""
+    up by external ID, list a workspace's."""
 
 
 @task.command("create", short_help="Create a task; a retry with the same --external-id finds it.")
@@ -215,6 +216,84 @@ def task_lookup(workspace: str, external_id: str, as_json: bool) -> None:
     if found is None:
         raise click.ClickException(f"no task holds {wanted!r} in workspace {target}")
     _show(found.to_lookup_response(), as_json)
+
+
+def _list_table(items: list[dict[str, Any]]) -> Table:
+    """A row a task, fitting 80 columns: ``task`` is its identifier, the state
+    column says ``archived`` for an archived task; the id (copied whole) and the
+    identifier never wrap."""
+    table = Table(box=box.SIMPLE, pad_edge=False)
+    table.add_column("task", no_wrap=True)
+    table.add_column("state", no_wrap=True)
+    table.add_column("external_id", overflow="fold", min_width=11)
+    table.add_column("title", overflow="fold", min_width=5)
+    table.add_column("id", no_wrap=True, min_width=36)
+    for item in items:
+        state = "archived" if item["archived"] else item["state"]
+        table.add_row(
+            item["identifier"], state, _cell(item.get("external_id")), item["title"], item["id"]
+        )
+    return table
+
+
+@task.command("list", short_help="List a workspace's tasks, a page at a time.")
+@click.option("--workspace", required=True, help="workspace (id or name)")
+@click.option("--external-id", default=None, help="only the task holding this external ID")
+@click.option(
+    "--after",
+    type=click.IntRange(0, MAX_CURSOR),
+    default=0,
+    show_default=True,
+    help="cursor: the tasks after it (the previous page's next_cursor)",
+)
+@click.option(
+    "--limit",
+    type=click.IntRange(1, MAX_LIST_LIMIT),
+    default=50,
+    show_default=True,
+    help="most tasks on the page",
+)
+@click.option(
+    "--include-archived/--exclude-archived",
+    default=True,
+    show_default=True,
+    help="whether archived tasks are listed",
+)
+@json_option
+@store_options
+def task_list(
+    workspace: str,
+    external_id: str | None,
+    after: int,
+    limit: int,
+    include_archived: bool,
+    as_json: bool,
+) -> None:
+    """List a workspace's tasks in creation order, as GET
+    /api/v1/workspaces/{id}/tasks answers (the same filters; --json prints that
+    answer: items, next_cursor, has_more). When more follow, the table ends
+    with the --after to pass for the next page. Read from the tasks read model."""
+    try:
+        wanted = None if external_id is None else normalize_external_id(external_id)
+    except KandevError as error:
+        raise click.BadParameter(error.message, param_hint="--external-id") from None
+    services = open_store()
+    try:
+        page = services.tasks.list(
+            workspace_id(services, workspace),
+            external_id=wanted,
+            after=after,
+            limit=limit,
+            include_archived=include_archived,
+        )
+    finally:
+        services.close()
+    if as_json:
+        click.echo(json.dumps(page.to_dict()))
+        return
+    _print(_list_table(page.items))
+    if page.has_more:
+        click.echo(f"more: --after {page.next_cursor}")
 
 
 def register(main: click.Group, workspace: click.Group) -> None:

@@ -25,6 +25,7 @@ MAX_JSON_DEPTH = 64
 # Cursors are stored and compared as signed 64-bit integers (SQLite INTEGER,
 # PostgreSQL BIGINT); anything larger overflowed inside the driver.
 MAX_CURSOR = 2**63 - 1
+MAX_LIST_LIMIT = 500  # a task list page (REST, MCP and the CLI's task list)
 
 # A JSON string token (escapes included): its brackets do not nest anything.
 _STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)

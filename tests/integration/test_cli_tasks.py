@@ -1,6 +1,7 @@
-"""Commands for people (issue 35 point 7): `workspace list`, `task create`,
-`task get` and `task lookup` go through the services REST uses, print a table
-by default, and with --json print exactly what the REST route answers."""
+"""Commands for people (issue 35 point 7, issue 46 point 5): `workspace list`,
+`task create`, `task get`, `task lookup` and `task list` go through the services
+REST uses, print a table by default, and with --json print exactly what the REST
+route answers."""
 
 from __future__ import annotations
 
@@ -123,3 +124,63 @@ def test_a_task_the_cli_creates_is_recorded_as_created_by_the_cli(cli, services,
     assert shown.exit_code == 0, shown.output
     [claimed] = [e for e in json.loads(shown.stdout)["events"] if e["event"] == "Claimed"]
     assert claimed["actor"] == "cli" and claimed["task_id"] == created["id"]
+
+
+def test_task_list_takes_the_rest_lists_filters_and_answers_as_it_does(
+    cli, client, workspace, member
+):
+    _, token = member
+    made = [
+        answer(cli("task", "create", "--workspace", "acme", "--title", f"Task {n}",
+                   "--external-id", f"L-{n}", "--json"))
+        for n in range(5)
+    ]
+    archived = client.post(f"/api/v1/tasks/{made[1]['id']}/archive", headers=bearer(token))
+    assert archived.status_code == 200, archived.get_json()
+    base = f"/api/v1/workspaces/{workspace.id}/tasks"
+    first = rest(client, "GET", f"{base}?limit=2", token)
+    assert first["has_more"] is True and len(first["items"]) == 2
+    queries = {
+        ("--limit", "2"): "limit=2",
+        ("--limit", "2", "--after", str(first["next_cursor"])):
+            f"limit=2&after={first['next_cursor']}",
+        ("--exclude-archived",): "include_archived=false",
+        ("--external-id", " L-3 "): "external_id=%20L-3%20",
+        ("--external-id", "NOBODY"): "external_id=NOBODY",
+        (): "",
+    }
+    for args, query in queries.items():
+        listed = answer(cli("task", "list", "--workspace", "acme", *args, "--json"))
+        assert listed == rest(client, "GET", f"{base}?{query}", token), args
+    every = answer(cli("task", "list", "--workspace", str(workspace.id), "--json"))
+    assert [task["id"] for task in every["items"]] == [task["id"] for task in made]
+    assert every["has_more"] is False and every["next_cursor"] is None
+    kept = answer(cli("task", "list", "--workspace", "acme", "--exclude-archived", "--json"))
+    assert made[1]["id"] not in [task["id"] for task in kept["items"]]
+
+    # the table: one row a task, and the --after of the next page when there is one
+    table = cli("task", "list", "--workspace", "acme", "--limit", "2")
+    assert table.exit_code == 0, table.output
+    lines = [line.split() for line in table.stdout.splitlines() if line.strip(" ─")]
+    assert lines[0] == ["task", "state", "external_id", "title", "id"]
+    assert lines[1] == ["KAN-1", "active", "L-0", "Task", "0", made[0]["id"]]
+    assert lines[2] == ["KAN-2", "archived", "L-1", "Task", "1", made[1]["id"]]
+    assert lines[-1] == ["more:", "--after", str(first["next_cursor"])]
+    last = cli("task", "list", "--workspace", "acme", "--after", str(first["next_cursor"]))
+    assert "more:" not in last.stdout and "KAN-5" in last.stdout
+
+
+def test_task_list_refuses_bad_input_in_one_usage_line(cli, workspace):
+    for args, fragment in {
+        ("--limit", "0"): "--limit",
+        ("--limit", "501"): "--limit",
+        ("--after", "-1"): "--after",
+        ("--after", "x"): "--after",
+        ("--external-id", "A\x01"): "--external-id",
+    }.items():
+        result = cli("task", "list", "--workspace", "acme", *args)
+        assert result.exit_code == 2, (args, result.output)
+        [line] = result.stderr.splitlines()[-1:]
+        assert line.startswith("Error: ") and fragment in line, (args, line)
+    unknown = cli("task", "list", "--workspace", "nope")
+    assert unknown.exit_code == 2 and "no workspace 'nope'" in unknown.stderr

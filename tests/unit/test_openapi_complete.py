@@ -1,7 +1,8 @@
 """Every operation of the published OpenAPI document (http/openapi.json, generated
 from the views' docstrings and decorators by scripts/export-openapi) tells a
 reader what it does and what it takes and answers: a summary, a description, its
-request body's schema, its success answer's schema and its errors. The API
+request body's schema, what each of its query and header parameters means, its
+success answer's schema and its errors. The API
 reference page and /api/docs render exactly this document."""
 
 from __future__ import annotations
@@ -32,6 +33,10 @@ def gaps(method: str, path: str, operation: dict[str, Any]) -> list[str]:
     takes_body = method in ("post", "put", "patch") and (method, path) not in BODYLESS
     if takes_body and not has_schema(operation.get("requestBody", {})):
         found.append("no request body schema")
+    for parameter in operation.get("parameters", []):
+        # A path parameter is named by the path itself; a query or header one is not.
+        if parameter.get("in") != "path" and not (parameter.get("description") or "").strip():
+            found.append(f"no description of {parameter['in']} parameter {parameter['name']}")
     responses = operation.get("responses", {})
     successes = {code: answer for code, answer in responses.items() if code.startswith("2")}
     if not any(code == "204" or has_schema(answer) for code, answer in successes.items()):
@@ -72,3 +77,8 @@ def test_an_operation_without_a_description_or_errors_is_reported():
         "no description", "no documented error"]
     assert gaps("put", "/x", {**operation, "description": "d"}) == [
         "no request body schema", "no documented error"]
+    after = {"name": "after", "in": "query", "schema": {"type": "integer"}}
+    where = {"name": "workspace_id", "in": "path", "required": True}
+    listed = {**operation, "description": "d", "parameters": [where, after]}
+    assert gaps("get", "/w/{workspace_id}/tasks", listed) == [
+        "no description of query parameter after", "no documented error"]

@@ -107,6 +107,7 @@ class EventFeed(MethodView):
                 "name": "limit",
                 "in": "query",
                 "schema": {"type": "integer", "minimum": 1, "maximum": MAX_PAGE},
+                "description": f"most events on the page (default 100, at most {MAX_PAGE})",
             },
         ],
         responses={
@@ -140,11 +141,14 @@ class EventStream(MethodView):
                 "name": "max_seconds",
                 "in": "query",
                 "schema": {"type": "number", "minimum": 0, "maximum": MAX_STREAM_SECONDS},
+                "description": "end the stream after this many seconds (default 300); "
+                "reconnect with Last-Event-ID to go on",
             },
             {
                 "name": "Last-Event-ID",
                 "in": "header",
                 "schema": {"type": "integer", "minimum": 0, "maximum": MAX_CURSOR},
+                "description": "the last event id seen: resume after it (wins over `after`)",
             },
         ],
         responses={

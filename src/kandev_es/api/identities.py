@@ -57,7 +57,8 @@ class IdentityHistorySchema(Schema):
 class IdentityHistory(MethodView):
     @blp.doc(
         parameters=[
-            {"name": "external_id", "in": "query", "required": True, "schema": {"type": "string"}},
+            {"name": "external_id", "in": "query", "required": True, "schema": {"type": "string"},
+             "description": "the external ID whose history to show (held or released)"},
             {"name": "proof", "in": "query", "required": False,
              "schema": {"type": "string", "enum": ["0", "1"]},
              "description": "1: add the proof bundle (events as stored, chain, inclusion"

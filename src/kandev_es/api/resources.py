@@ -120,7 +120,8 @@ class Repositories(MethodView):
 class Attachments(MethodView):
     @blp.doc(
         parameters=[
-            {"name": "filename", "in": "query", "required": True, "schema": {"type": "string"}}
+            {"name": "filename", "in": "query", "required": True, "schema": {"type": "string"},
+             "description": "the file's name (a multipart upload's own name is used if empty)"}
         ],
         requestBody={
             "required": True,

@@ -28,7 +28,7 @@ from kandev_es.creation.request import CreateTaskRequestSchema
 from kandev_es.domain.external_id import normalize_external_id, require_external_id
 from kandev_es.domain.principal import require_operator
 from kandev_es.errors import BadRequest, TaskNotFound, http_status
-from kandev_es.limits import MAX_CURSOR, stored_integer
+from kandev_es.limits import MAX_CURSOR, MAX_LIST_LIMIT, stored_integer
 from kandev_es.observability import tracing
 from kandev_es.observability.serving import with_request_id
 from kandev_es.services.release import NO_HOLDER
@@ -50,15 +50,39 @@ class LookupResponseSchema(TaskSchema):
 
 
 class TaskListSchema(Schema):
-    items = fields.List(fields.Nested(TaskSchema), required=True)
-    next_cursor = fields.Integer(allow_none=True, required=True)
+    items = fields.List(
+        fields.Nested(TaskSchema), required=True, metadata={"description": "in creation order"}
+    )
+    next_cursor = fields.Integer(
+        allow_none=True,
+        required=True,
+        metadata={"description": "pass back as `after` for the next page; null on the last"},
+    )
+    has_more = fields.Boolean(
+        required=True, metadata={"description": "another page follows (next_cursor is not null)"}
+    )
 
 
 class TaskListQuerySchema(Schema):
-    external_id = fields.String()
-    after = fields.Integer(load_default=0, validate=validate.Range(min=0, max=MAX_CURSOR))
-    limit = fields.Integer(load_default=50, validate=validate.Range(min=1, max=500))
-    include_archived = fields.Boolean(load_default=True)
+    external_id = fields.String(
+        metadata={"description": "only the task holding this external ID (none: an empty page)"}
+    )
+    after = fields.Integer(
+        load_default=0,
+        validate=validate.Range(min=0, max=MAX_CURSOR),
+        metadata={
+            "description": "cursor: the tasks after it; 0 (default) for the first page, "
+            "then the previous page's `next_cursor`"
+        },
+    )
+    limit = fields.Integer(
+        load_default=50,
+        validate=validate.Range(min=1, max=MAX_LIST_LIMIT),
+        metadata={"description": f"most tasks on the page (1-{MAX_LIST_LIMIT}, default 50)"},
+    )
+    include_archived = fields.Boolean(
+        load_default=True, metadata={"description": "false leaves archived tasks out"}
+    )
 
 
 class TaskPatchRequestSchema(TaskPatchSchema):
@@ -142,7 +166,14 @@ class TaskBatch(MethodView):
 class TaskLookup(MethodView):
     @blp.doc(
         parameters=[
-            {"name": "external_id", "in": "query", "required": True, "schema": {"type": "string"}}
+            {
+                "name": "external_id",
+                "in": "query",
+                "required": True,
+                "schema": {"type": "string"},
+                "description": "the external ID to look up (trimmed; at most 255 UTF-8 bytes;"
+                " matched byte for byte)",
+            }
         ],
     )
     @blp.response(200, LookupResponseSchema)
@@ -167,7 +198,13 @@ class TaskLookup(MethodView):
 
     @blp.doc(
         parameters=[
-            {"name": "external_id", "in": "query", "required": True, "schema": {"type": "string"}},
+            {
+                "name": "external_id",
+                "in": "query",
+                "required": True,
+                "schema": {"type": "string"},
+                "description": "the external ID to release from the task holding it",
+            },
             {
                 "name": "Idempotency-Key",
                 "in": "header",
@@ -222,14 +259,14 @@ class TaskList(MethodView):
         external_id = None
         if "external_id" in query:
             external_id = normalize_external_id(query["external_id"])
-        items, next_cursor = services().tasks.list(
+        page = services().tasks.list(
             workspace,
             external_id=external_id,
             after=query["after"],
             limit=query["limit"],
             include_archived=query["include_archived"],
         )
-        return {"items": items, "next_cursor": next_cursor}
+        return page.to_dict()
 
 
 @blp.route("/tasks/<task_id>")

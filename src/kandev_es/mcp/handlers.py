@@ -57,13 +57,12 @@ def list_tasks(
     workspace = query["workspace_id"] or placement.default_workspace(services.app, principal)
     if principal is None or workspace is None or not principal.may_act_on(workspace):
         raise TaskNotFound("task not found")
-    items, next_cursor = services.tasks.list(
+    return services.tasks.list(
         workspace,
         after=query["after"],
         limit=query["limit"],
         include_archived=query["include_archived"],
-    )
-    return {"items": items, "next_cursor": next_cursor}
+    ).to_dict()
 
 
 def update_task(

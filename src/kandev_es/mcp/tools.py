@@ -16,7 +16,7 @@ from mcp_types import Tool, ToolAnnotations
 
 from kandev_es.creation.outcomes import CreateTaskResponseSchema
 from kandev_es.creation.request import CreateTaskRequestSchema
-from kandev_es.limits import MAX_CURSOR
+from kandev_es.limits import MAX_CURSOR, MAX_LIST_LIMIT
 from kandev_es.services.tasks import TaskPatchSchema
 from kandev_es.views import TaskSchema
 
@@ -108,8 +108,9 @@ LIST_OUTPUT_SCHEMA: dict[str, Any] = {
     "properties": {
         "items": {"type": "array", "items": TASK_OUTPUT_SCHEMA},
         "next_cursor": {"type": ["integer", "null"], "description": "null on the last page"},
+        "has_more": {"type": "boolean", "description": "another page follows next_cursor"},
     },
-    "required": ["items", "next_cursor"],
+    "required": ["items", "next_cursor", "has_more"],
 }
 
 TASK_ID_SCHEMA: dict[str, Any] = {
@@ -138,7 +139,9 @@ class ListTasksArguments(Schema):
         validate=validate.Range(min=0, max=MAX_CURSOR),
         metadata={"description": "cursor: next_cursor"},
     )
-    limit = fields.Integer(load_default=50, strict=True, validate=validate.Range(min=1, max=500))
+    limit = fields.Integer(
+        load_default=50, strict=True, validate=validate.Range(min=1, max=MAX_LIST_LIMIT)
+    )
     include_archived = fields.Boolean(load_default=True)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from marshmallow import RAISE, Schema, ValidationError, fields, validate
@@ -40,6 +41,21 @@ class TaskPatchSchema(Schema):
     workflow_step = fields.String(validate=validate.Length(min=1, max=100))
 
 
+@dataclass(frozen=True)
+class TaskPage:
+    """One page of a workspace's task list, as every entry point answers it."""
+
+    items: list[dict[str, Any]]
+    next_cursor: int | None  # pass back as ``after``; None on the last page
+
+    @property
+    def has_more(self) -> bool:
+        return self.next_cursor is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"items": self.items, "next_cursor": self.next_cursor, "has_more": self.has_more}
+
+
 class TaskService:
     def __init__(self, app: Tasks, database: Database) -> None:
         self._app = app
@@ -61,7 +77,7 @@ class TaskService:
         after: int = 0,
         limit: int = 50,
         include_archived: bool = True,
-    ) -> tuple[list[dict[str, Any]], int | None]:
+    ) -> TaskPage:
         """From the tasks read model: may lag the event store by the projection delay."""
         sql = "SELECT position, dto FROM tasks_view WHERE workspace_id = ? AND position > ?"
         params: list[Any] = [_db_id(self._database, workspace_id), after]
@@ -77,7 +93,7 @@ class TaskService:
             rows = tx.execute(sql, params)
         items = [json.loads(dto) for _, dto in rows[:limit]]
         next_cursor = int(rows[limit - 1][0]) if len(rows) > limit else None
-        return items, next_cursor
+        return TaskPage(items, next_cursor)
 
     def patch(
         self,
