@@ -296,3 +296,59 @@ def test_audit_checkpoints_lists_the_signed_sizes(cli, services, workspace, memb
     assert [r["size"] for r in oldest["checkpoints"]] == [
         min(r["size"] for r in rows if r["size"] > sizes[0])]
     assert cli("audit", "checkpoints", "--limit", "0").exit_code == 2
+
+
+def test_a_bundle_without_its_completed_fails_and_the_map_is_the_logs(
+    services, workspace, member
+):
+    """Issue 43: deleting an identity's Completed left its bundle verifying;
+    each checkpoint now commits every stream's head (its map root matches
+    one rebuilt from the log's leaves), so the bundle shows the event missing."""
+    from kandev_es_client import heads
+
+    note = logged(services, workspace, member, "WHOLE-1", "WHOLE-2")
+    ring = keyring(services)
+    checkpoint = ring.open_checkpoint(note)
+    with services.database.transaction() as tx:
+        leaves = ledger.store.leaves_page(tx, -1, 10_000)
+    latest = {}
+    for _, _, stream, version, value in leaves:
+        latest[uuid.UUID(str(stream))] = heads.Head(uuid.UUID(str(stream)), version, value)
+    assert heads.extension_root(checkpoint.extensions) == heads.memory_root(latest.values())
+
+    stream = identity_id(workspace.id, "WHOLE-1")
+    bundle = ledger.proof_bundle(services.app, services.database, workspace.id, "WHOLE-1")
+    report = chains.verify_bundle(bundle, ring)
+    assert report.ok and report.completeness.startswith("complete"), report.lines()
+    completed = latest[stream].version
+    table, key = services.app.recorder.events_table_name, ledger.store.stream_key(
+        services.database.backend, stream)
+    with services.database.transaction() as tx:  # the attacker, in SQL
+        tx.execute(f"DELETE FROM {table} WHERE originator_id = ? AND originator_version = ?",
+                   (key, completed))
+    bundle = ledger.proof_bundle(services.app, services.database, workspace.id, "WHOLE-1")
+    assert [e["event"] for e in bundle["events"]][-1] != "Completed"
+    report = chains.verify_bundle(bundle, ring)
+    assert not report.ok
+    assert report.problem == (f"1 event(s) missing: the checkpoint commits the stream's head as"
+                              f" v{completed}, the bundle ends at v{completed - 1}")
+
+
+def test_a_rewritten_map_of_stream_heads_is_found_by_the_audit(services, workspace, member):
+    """An attacker who empties the map's tables makes the next checkpoint
+    commit a map without the streams logged before: the full audit rebuilds
+    the map from the leaves and names that checkpoint, and a bundle fails."""
+    logged(services, workspace, member, "MAP-1")
+    with services.database.transaction() as tx:
+        tx.execute("DELETE FROM ledger_heads")
+        tx.execute("DELETE FROM ledger_map_nodes")
+    note = logged(services, workspace, member, "MAP-2")
+    size = keyring(services).open_checkpoint(note).size
+    report = verify_ledger(services.app, services.database, keyring(services))
+    lines = [p.line() for p in report.problems]
+    assert f"stored checkpoint {size} (size {size}): its map of stream heads is not the" \
+        " log's: a stream's last event there is not the one the checkpoint commits to" in lines
+    bundle = ledger.proof_bundle(services.app, services.database, workspace.id, "MAP-1")
+    report = chains.verify_bundle(bundle, keyring(services))
+    assert not report.ok
+    assert "yet after the stream's head there (v0)" in report.findings[0].problem

@@ -10,7 +10,7 @@ import json
 import uuid
 
 import pytest
-from kandev_es_client import ledger, merkle, verify
+from kandev_es_client import heads, ledger, merkle, verify
 from kandev_es_client import signed_note as sn
 
 ORIGIN = "ledger.test/kandev-es"
@@ -38,18 +38,47 @@ class Log:
             self.tree.append(hashes[LEAVES.index(index)] if index in LEAVES else next(others))
         self.hashes = hashes
 
-    def note(self, size: int) -> str:
-        return sn.sign_note(sn.Checkpoint(ORIGIN, size, self.tree.root(size)).text(), self.signer)
+    def map_at(self, size: int) -> dict[uuid.UUID, heads.Head]:
+        """Each stream's head among the first ``size`` leaves (the other
+        leaves are one-event streams of their own)."""
+        found = {}
+        for index in range(size):
+            if index in LEAVES:
+                version = LEAVES.index(index) + 1
+                found[STREAM] = heads.Head(STREAM, version, self.hashes[version - 1])
+            else:
+                other = uuid.UUID(int=index + 1)
+                found[other] = heads.Head(other, 1, self.tree.nodes[(0, index)])
+        return found
+
+    def note(self, size: int, with_map: bool = True) -> str:
+        lines = (heads.extension_line(heads.memory_root(self.map_at(size).values())),)
+        checkpoint = sn.Checkpoint(ORIGIN, size, self.tree.root(size), lines if with_map else ())
+        return sn.sign_note(checkpoint.text(), self.signer)
+
+    def heads_proof(self, size: int) -> dict:
+        entries = list(self.map_at(size).values())
+        bucket = heads.bucket_of(STREAM)
+        nodes = heads.updated_nodes(
+            lambda level, index: None,
+            {b: heads.bucket_hash(e for e in entries if heads.bucket_of(e.stream) == b)
+             for b in {heads.bucket_of(e.stream) for e in entries}})
+        mine = sorted((e for e in entries if heads.bucket_of(e.stream) == bucket),
+                      key=lambda e: e.stream.bytes)
+        path = [nodes.get(key, heads.EMPTY[key[0]]) for key in heads.siblings(bucket)]
+        return heads.proof_document(mine, path)
 
     def held(self, size: int) -> sn.Checkpoint:
         return self.keyring.open_checkpoint(self.note(size))
 
-    def bundle(self, size: int = 8, consistency_from: tuple[int, ...] = ()) -> dict:
+    def bundle(
+        self, size: int = 8, consistency_from: tuple[int, ...] = (), with_map: bool = True
+    ) -> dict:
         b64 = base64.b64encode
         return {
             "format": ledger.BUNDLE_FORMAT, "stream_id": str(STREAM),
             "workspace_id": str(WORKSPACE), "external_id": EXTERNAL_ID,
-            "checkpoint": self.note(size),
+            "checkpoint": self.note(size, with_map),
             "events": [
                 {"version": v, "topic": t, "state": b64(s).decode(), "hash": b64(h).decode(),
                  "leaf_index": LEAVES[i],
@@ -63,6 +92,7 @@ class Log:
                                              merkle.consistency_proof(self.tree.node, old, size)]}
                 for old in consistency_from
             ],
+            "heads": self.heads_proof(size),
         }
 
 
@@ -181,7 +211,7 @@ def test_a_replaced_event_marked_pending_fails_against_the_auditors_checkpoint()
 
 def test_an_earlier_event_pending_while_a_later_one_is_logged_fails():
     log = Log()
-    bundle = log.bundle(12)
+    bundle = log.bundle(12, with_map=False)  # the order alone, without the map's check
     bundle["events"][1]["leaf_index"], bundle["events"][1]["inclusion"] = None, []
     report = ledger.verify_bundle(bundle, log.keyring, ORIGIN)
     assert statuses(report) == [(1, "verified"), (2, "pending"), (3, "failed")]
@@ -274,3 +304,58 @@ def test_the_verifier_command_takes_the_auditors_checkpoints(tmp_path, capsys):
     code, out = run(tmp_path, capsys, json.dumps(log.bundle(12)), "--checkpoint",
                     str(tmp_path / "empty.txt"), log=log)
     assert code == verify.USAGE_ERROR and "your checkpoint" in out.err and "is empty" in out.err
+
+
+def test_the_checkpoints_map_of_stream_heads_proves_the_bundle_whole():
+    log = Log()
+    report = ledger.verify_bundle(log.bundle(12), log.keyring, ORIGIN)
+    assert report.ok, report.lines()
+    assert "complete: the checkpoint commits the stream's head as v3" in report.lines()[1]
+    early = ledger.verify_bundle(log.bundle(8), log.keyring, ORIGIN)  # v3 after it: pending
+    assert early.ok and statuses(early)[2] == (3, "pending"), early.lines()
+    assert "head as v2" in early.completeness
+
+
+def test_a_bundle_without_the_streams_last_event_fails():
+    """Issue 43: deleting an identity's Completed left its bundle saying OK."""
+    log = Log()
+    bundle = log.bundle(12)
+    del bundle["events"][2]
+    report = ledger.verify_bundle(bundle, log.keyring, ORIGIN)
+    assert not report.ok
+    assert report.problem == ("1 event(s) missing: the checkpoint commits the stream's head as"
+                              " v3, the bundle ends at v2")
+
+
+@pytest.mark.parametrize("leaf_index", [None, 20])
+def test_a_replaced_event_marked_pending_fails_against_the_map(leaf_index):
+    """The forged bundle of issue 43 against the latest checkpoint itself: no
+    leaf (or one beyond the tree) no longer makes an event pending."""
+    log = Log()
+    report = ledger.verify_bundle(forged_completed(log.bundle(12), leaf_index), log.keyring)
+    assert statuses(report) == [(1, "verified"), (2, "verified"), (3, "failed")]
+    covered = "the checkpoint covers it (the stream's head there is v3), yet it is pending"
+    assert report.findings[2].problem == covered
+
+
+def test_a_forged_map_proof_fails():
+    log = Log()
+    bundle = log.bundle(12)
+    bundle["heads"]["entries"][0][1] = 2  # the stream's head said to be v2
+    report = ledger.verify_bundle(bundle, log.keyring)
+    assert report.problem == ("stream heads: the stream-heads proof does not lead to the"
+                              " checkpoint's map root")
+    bundle = log.bundle(12)
+    bundle["heads"]["entries"] = []  # the stream said not to be in the map
+    assert "does not lead" in ledger.verify_bundle(bundle, log.keyring).problem
+    bundle = log.bundle(12)
+    del bundle["heads"]
+    assert ledger.verify_bundle(bundle, log.keyring).problem == (
+        "stream heads: the bundle carries no stream-heads proof")
+
+
+def test_a_checkpoint_without_a_map_says_completeness_is_not_proven():
+    log = Log()
+    report = ledger.verify_bundle(log.bundle(12, with_map=False), log.keyring)
+    assert report.ok
+    assert "completeness not proven" in report.completeness

@@ -19,8 +19,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
+from kandev_es_client import heads, merkle
 from kandev_es_client import ledger as chains
-from kandev_es_client import merkle
 from kandev_es_client.signed_note import (
     Checkpoint,
     Keyring,
@@ -49,6 +49,7 @@ from kandev_es.projections.leadership import (
     lock_key,
     lock_path,
 )
+from kandev_es.services import ledger_heads
 from kandev_es.storage import ledger as store
 from kandev_es.storage.database import Database, PostgresDatabase, SQLiteDatabase
 
@@ -206,7 +207,11 @@ class Sequencer:
             return None
         nodes = store.read_nodes(tx, store.frontier_keys(size))
         root = merkle.root_hash(lambda lv, ix: nodes[(lv, ix)], size)
-        note = sign_note(Checkpoint(self.signer.name, size, root).text(), self.signer)
+        map_root = ledger_heads.advance(tx, self.database.backend, size)
+        if map_root is None:
+            return None  # another signer's map is past this size
+        checkpoint = Checkpoint(self.signer.name, size, root, (heads.extension_line(map_root),))
+        note = sign_note(checkpoint.text(), self.signer)
         store.add_checkpoint(tx, size, note, time.time())
         self._last_signed = time.monotonic()
         self._signed_size = size
@@ -316,15 +321,19 @@ def proof_bundle(
     stored = list(app.recorder.select_events(key))
     if not stored:
         raise IdentityNotFound("identity not found")
-    with database.transaction() as tx:
-        latest = store.latest_checkpoint(tx)
-        if latest is None:
-            raise CheckpointNotFound("no checkpoint signed yet: the ledger has not caught up")
-        size, note, _ = latest
-        logged = store.stream_leaves(tx, database.backend, key)
-        covered = [(v, i) for v, (i, _) in logged.items() if i < size]
-        proofs = _proofs(tx, covered, size)
-        consistency = _consistency_proofs(tx, consistency_from, size)
+    for _ in range(3):  # a checkpoint signed between the reads: read again
+        with database.transaction() as tx:
+            latest = store.latest_checkpoint(tx)
+            if latest is None:
+                raise CheckpointNotFound("no checkpoint signed yet: the ledger has not caught up")
+            size, note, _ = latest
+            logged = store.stream_leaves(tx, database.backend, key)
+            covered = [(v, i) for v, (i, _) in logged.items() if i < size]
+            proofs = _proofs(tx, covered, size)
+            consistency = _consistency_proofs(tx, consistency_from, size)
+            map_proof = ledger_heads.proof(tx, key)
+        if _map_matches(note, key, map_proof):
+            break
     events, previous = [], chains.GENESIS
     for event in stored:
         version = event.originator_version
@@ -340,7 +349,21 @@ def proof_bundle(
         })
     return {"format": chains.BUNDLE_FORMAT, "stream_id": str(key),
             "workspace_id": str(workspace_id), "external_id": external_id,
-            "checkpoint": note, "events": events, "consistency": consistency}
+            "checkpoint": note, "events": events, "consistency": consistency,
+            "heads": map_proof}
+
+
+def _map_matches(note: str, stream: uuid.UUID, proof: dict[str, Any]) -> bool:
+    """The map proof leads to the root ``note`` commits to (or it commits none)."""
+    text, _ = split_note(note)
+    committed = heads.extension_root(text.split("\n")[3:-1])
+    if committed is None:
+        return True
+    try:
+        heads.verify_head(stream, proof, committed)
+    except merkle.ProofError:
+        return False
+    return True
 
 
 def identity_verification(

@@ -25,6 +25,7 @@ from kandev_es_client import merkle
 from kandev_es_client.signed_note import Checkpoint, Keyring, NoteError
 
 from kandev_es.application import Tasks
+from kandev_es.services.ledger_heads import signed_map_problems
 from kandev_es.storage import ledger as store
 from kandev_es.storage.database import Database
 
@@ -221,6 +222,8 @@ def verify_ledger(
         notes.append(("the given checkpoint", outside))
     notes.sort(key=lambda item: _size(item[1]))
     _check_checkpoints(notes, _tree_from_events(leaves, computed), keyring, leaves, report)
+    report.problems.extend(Problem(None, None, line)
+                           for line in signed_map_problems(notes, keyring, leaves))
     return report
 
 

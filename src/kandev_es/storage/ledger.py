@@ -7,6 +7,10 @@ statements over them; the sequencer and the proofs are in services/ledger.py.
   level 0 being the leaf hashes. Never updated once written, so a root or a
   proof at any size reads O(log n) rows.
 - ``ledger_checkpoints``: the signed checkpoints (C2SP signed notes), by size.
+- ``ledger_heads``, ``ledger_map_nodes``, ``ledger_map_state``: the map of
+  stream heads as of the latest checkpoint (kandev_es_client.heads): each
+  stream's last logged version and chain hash, the map's nodes (level 0: the
+  non-empty buckets; level 16: the root) and the log size it describes.
 
 Table names are fixed here; the stores' own search_path (PostgreSQL) or file
 (SQLite) places them beside the events table."""
@@ -31,6 +35,16 @@ SQLITE_DDL = (
     " PRIMARY KEY (level, node_index))",
     "CREATE TABLE IF NOT EXISTS ledger_checkpoints ("
     " tree_size INTEGER PRIMARY KEY, note TEXT NOT NULL, signed_at REAL NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS ledger_heads ("
+    " originator_id TEXT PRIMARY KEY, bucket INTEGER NOT NULL,"
+    " originator_version INTEGER NOT NULL, chain_hash BLOB NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS ledger_heads_bucket ON ledger_heads (bucket)",
+    "CREATE TABLE IF NOT EXISTS ledger_map_nodes ("
+    " level INTEGER NOT NULL, node_index INTEGER NOT NULL, hash BLOB NOT NULL,"
+    " PRIMARY KEY (level, node_index))",
+    "CREATE TABLE IF NOT EXISTS ledger_map_state ("
+    " id INTEGER PRIMARY KEY CHECK (id = 1), tree_size INTEGER NOT NULL)",
+    "INSERT INTO ledger_map_state (id, tree_size) VALUES (1, 0) ON CONFLICT (id) DO NOTHING",
 )
 POSTGRES_DDL = (
     "CREATE TABLE IF NOT EXISTS ledger_leaves ("
@@ -44,6 +58,16 @@ POSTGRES_DDL = (
     " PRIMARY KEY (level, node_index))",
     "CREATE TABLE IF NOT EXISTS ledger_checkpoints ("
     " tree_size BIGINT PRIMARY KEY, note TEXT NOT NULL, signed_at DOUBLE PRECISION NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS ledger_heads ("
+    " originator_id UUID PRIMARY KEY, bucket INTEGER NOT NULL,"
+    " originator_version BIGINT NOT NULL, chain_hash BYTEA NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS ledger_heads_bucket ON ledger_heads (bucket)",
+    "CREATE TABLE IF NOT EXISTS ledger_map_nodes ("
+    " level INTEGER NOT NULL, node_index INTEGER NOT NULL, hash BYTEA NOT NULL,"
+    " PRIMARY KEY (level, node_index))",
+    "CREATE TABLE IF NOT EXISTS ledger_map_state ("
+    " id INTEGER PRIMARY KEY CHECK (id = 1), tree_size BIGINT NOT NULL)",
+    "INSERT INTO ledger_map_state (id, tree_size) VALUES (1, 0) ON CONFLICT (id) DO NOTHING",
 )
 
 NodeKey = tuple[int, int]
@@ -78,7 +102,10 @@ def frontier_keys(size: int) -> list[NodeKey]:
     return keys
 
 
-def read_nodes(tx: Transaction, keys: Iterable[NodeKey]) -> dict[NodeKey, bytes]:
+def read_nodes(
+    tx: Transaction, keys: Iterable[NodeKey], table: str = "ledger_nodes"
+) -> dict[NodeKey, bytes]:
+    """Nodes of the log's tree (or of the map of stream heads: ``table``)."""
     wanted = sorted(set(keys))
     found: dict[NodeKey, bytes] = {}
     for chunk in range(0, len(wanted), 200):
@@ -86,7 +113,7 @@ def read_nodes(tx: Transaction, keys: Iterable[NodeKey]) -> dict[NodeKey, bytes]
         where = " OR ".join(["(level = ? AND node_index = ?)"] * len(part))
         params = [value for key in part for value in key]
         for level, index, value in tx.execute(
-            f"SELECT level, node_index, hash FROM ledger_nodes WHERE {where}", params
+            f"SELECT level, node_index, hash FROM {table} WHERE {where}", params
         ):
             found[(int(level), int(index))] = bytes(value)
     return found
@@ -239,3 +266,57 @@ def stored_chain_hashes(tx: Transaction, backend: str, table: str) -> dict[int, 
     position = _position_column(backend)
     rows = tx.execute(f"SELECT {position}, chain_hash FROM {table}")
     return {int(n): None if h is None else bytes(h) for n, h in rows}
+
+
+def map_size(tx: Transaction, backend: str) -> int:
+    """The log size the map of stream heads describes, its row locked until
+    the transaction ends (PostgreSQL; SQLite's writers are serial)."""
+    lock = " FOR UPDATE" if backend == "postgres" else ""
+    rows = tx.execute(f"SELECT tree_size FROM ledger_map_state WHERE id = 1{lock}")
+    return int(rows[0][0]) if rows else 0
+
+
+def set_map_size(tx: Transaction, size: int) -> None:
+    tx.execute("UPDATE ledger_map_state SET tree_size = ? WHERE id = 1", (size,))
+
+
+def clear_map(tx: Transaction) -> None:
+    tx.execute("DELETE FROM ledger_heads")
+    tx.execute("DELETE FROM ledger_map_nodes")
+
+
+def upsert_heads(
+    tx: Transaction, backend: str, rows: Sequence[tuple[uuid.UUID, int, int, bytes]]
+) -> None:
+    """(stream, bucket, version, chain hash): each stream's head now."""
+    tx.executemany(
+        "INSERT INTO ledger_heads (originator_id, bucket, originator_version, chain_hash)"
+        " VALUES (?, ?, ?, ?) ON CONFLICT (originator_id) DO UPDATE SET"
+        " originator_version = excluded.originator_version, chain_hash = excluded.chain_hash",
+        [(stream_key(backend, s), b, v, h) for s, b, v, h in rows],
+    )
+
+
+def bucket_heads(
+    tx: Transaction, buckets: Iterable[int]
+) -> dict[int, list[tuple[uuid.UUID, int, bytes]]]:
+    """Every head in each of ``buckets``: bucket -> [(stream, version, hash)]."""
+    wanted = sorted(set(buckets))
+    found: dict[int, list[tuple[uuid.UUID, int, bytes]]] = {b: [] for b in wanted}
+    for chunk in range(0, len(wanted), 500):
+        part = wanted[chunk : chunk + 500]
+        marks = ", ".join("?" * len(part))
+        for stream, bucket, version, value in tx.execute(
+            "SELECT originator_id, bucket, originator_version, chain_hash FROM ledger_heads"
+            f" WHERE bucket IN ({marks})", part
+        ):
+            found[int(bucket)].append((uuid.UUID(str(stream)), int(version), bytes(value)))
+    return found
+
+
+def write_map_nodes(tx: Transaction, nodes: Iterable[tuple[int, int, bytes]]) -> None:
+    tx.executemany(
+        "INSERT INTO ledger_map_nodes (level, node_index, hash) VALUES (?, ?, ?)"
+        " ON CONFLICT (level, node_index) DO UPDATE SET hash = excluded.hash",
+        list(nodes),
+    )

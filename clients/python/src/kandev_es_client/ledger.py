@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kandev_es_client import heads
 from kandev_es_client.merkle import ProofError, leaf_hash, verify_consistency, verify_inclusion
 from kandev_es_client.signed_note import Checkpoint, Keyring, NoteError
 
@@ -87,6 +88,7 @@ class BundleReport:
     # The bundle against each checkpoint the auditor holds: (line, passed).
     held: list[tuple[str, bool]] = field(default_factory=list)
     label: str = ""  # "workspace W, external ID E", when the bundle says
+    completeness: str = ""  # what the checkpoint's map of stream heads proves
 
     @property
     def ok(self) -> bool:
@@ -101,6 +103,8 @@ class BundleReport:
         if self.problem:
             out.append(f"  FAILED: {self.problem}")
         out.extend(f"  {line}" for line, _ in self.held)
+        if self.completeness:
+            out.append(f"  {self.completeness}")
         for f in self.findings:
             detail = f": {f.problem}" if f.problem else ""
             out.append(f"  v{f.version} {f.event}: {f.status}{detail}")
@@ -254,19 +258,61 @@ def verify_bundle(
     report = BundleReport(stream, checkpoint, label=label)
     previous = GENESIS
     items = bundle.get("events") or []
+    claimed: list[bytes] = []
     try:
         if not isinstance(items, list):
             raise ProofError("the bundle's events are not a list")
         for expected, item in enumerate(items, start=1):
             finding, previous = _check_event(stream_id, previous, expected, item, checkpoint)
             report.findings.append(finding)
+            claimed.append(previous)
         _check_order(items, report.findings)
     except (ProofError, ValueError, KeyError, TypeError, binascii.Error) as error:
         report.problem = f"malformed event: {error}"
+    if report.problem is None:
+        _check_complete(bundle, stream_id, checkpoint, claimed, report)
     if not report.findings and report.problem is None:
         report.problem = "the bundle holds no event"
     report.held = [_against_held(bundle, checkpoint, mine) for mine in held]
     return report
+
+
+def _check_complete(
+    bundle: Mapping[str, Any], stream_id: uuid.UUID, checkpoint: Checkpoint,
+    claimed: list[bytes], report: BundleReport,
+) -> None:
+    """The checkpoint's map of stream heads says which version was the
+    stream's last at its size: every event up to it must be here and proven
+    (none missing, none passed off as pending), the head's chain hash must be
+    the one committed, and nothing after it may claim to be in the log."""
+    try:
+        root = heads.extension_root(checkpoint.extensions)
+        if root is None:
+            report.completeness = ("completeness not proven: the checkpoint commits no map of"
+                                   " stream heads (signed before kandev-es made one)")
+            return
+        head = heads.verify_head(stream_id, bundle.get("heads"), root)
+    except ProofError as error:
+        report.problem = f"stream heads: {error}"
+        return
+    top = head.version if head else 0
+    findings = report.findings
+    for position, finding in enumerate(findings):
+        version, why = position + 1, ""
+        if finding.status == "pending" and version <= top:
+            why = f"the checkpoint covers it (the stream's head there is v{top}), yet it is pending"
+        elif finding.status == "verified" and version > top:
+            why = f"logged before the checkpoint, yet after the stream's head there (v{top})"
+        elif version == top and head and claimed[position] != head.chain_hash:
+            why = "its chain hash is not the stream's head the checkpoint commits to"
+        if why and finding.status != "failed":
+            findings[position] = EventFinding(finding.version, finding.event, "failed", why)
+    if len(findings) < top:
+        report.problem = (f"{top - len(findings)} event(s) missing: the checkpoint commits the"
+                          f" stream's head as v{top}, the bundle ends at v{len(findings)}")
+        return
+    report.completeness = (f"complete: the checkpoint commits the stream's head as v{top};"
+                           " every event up to it is here")
 
 
 def _against_held(

@@ -18,7 +18,7 @@ import hashlib
 import json
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 try:
     from cryptography.exceptions import InvalidSignature
@@ -205,14 +205,19 @@ class Checkpoint:
     origin: str
     size: int
     root: bytes
+    # Extension lines after the root (signed with it; not part of the tree
+    # head, so two checkpoints of one size and root compare equal).
+    extensions: tuple[str, ...] = field(default=(), compare=False)
 
     def text(self) -> str:
-        return f"{self.origin}\n{self.size}\n{base64.b64encode(self.root).decode()}\n"
+        extra = "".join(f"{line}\n" for line in self.extensions)
+        return f"{self.origin}\n{self.size}\n{base64.b64encode(self.root).decode()}\n{extra}"
 
 
 def parse_checkpoint(text: str) -> Checkpoint:
     """A tlog-checkpoint note text: origin, size, base64 root, then optional
-    extension lines (ignored, as the format says they are opaque)."""
+    extension lines (kept as they are: opaque to the format; kandev-es's map of
+    stream heads is one, kandev_es_client.heads)."""
     lines = text.split("\n")
     if len(lines) < 4 or lines[-1] != "" or any(not line for line in lines[:-1]):
         raise NoteError("a checkpoint is origin, size and root, one per line")
@@ -222,7 +227,7 @@ def parse_checkpoint(text: str) -> Checkpoint:
     decoded = _b64(root)
     if len(decoded) != 32:
         raise NoteError("a checkpoint's root is 32 bytes")
-    return Checkpoint(origin, int(size), decoded)
+    return Checkpoint(origin, int(size), decoded, tuple(lines[3:-1]))
 
 
 @dataclass(frozen=True)
