@@ -61,14 +61,15 @@ class CreationsProjection(TableSet):
                     event.lease_expires_at.timestamp(),
                 ),
             )
-        elif isinstance(event, Identity.StepRecorded) and event.lease_expires_at is not None:
-            self._update(
-                tx,
-                identity,
-                event.tenure,
-                "lease_expires_at = ?",
-                event.lease_expires_at.timestamp(),
-            )
+        elif isinstance(event, Identity.StepRecorded | Identity.LeaseRenewed):
+            if event.lease_expires_at is not None:  # a step record without a renewal
+                self._update(
+                    tx,
+                    identity,
+                    event.tenure,
+                    "lease_expires_at = ?",
+                    event.lease_expires_at.timestamp(),
+                )
         elif isinstance(event, Identity.RecoveryClaimed):
             tx.execute(
                 f"UPDATE {self.t('creations_view')} SET epoch = ?, lease_expires_at = ?"

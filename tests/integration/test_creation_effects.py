@@ -13,6 +13,7 @@ import pytest
 from kandev_es.agent.processes import processes_for_run
 from kandev_es.api import create_app
 from kandev_es.bootstrap import bootstrap
+from kandev_es.config import data_path
 from kandev_es.domain.agent_session import session_id_for
 from kandev_es.domain.wip import WipLedger, wip_ledger_id
 from tests.conftest import bearer
@@ -163,6 +164,8 @@ def test_failed_launch_aborts_and_compensates_every_effect(
     assert answer.status_code == 502 and answer.json["error"] == "agent_launch_failed"
     assert branches(repo) == ["main"]
     assert worktrees(repo) == []
+    # Nor the per-task folder the worktree was made in (issue 42, point 5).
+    assert list(data_path(settings, "worktrees").iterdir()) == []
     assert services.attachments.get(workspace.id, attachment["id"]).claimed_by is None
     ledger = services.app.load(wip_ledger_id(workspace.id), WipLedger)
     assert ledger is not None and ledger.reserved == []
@@ -259,7 +262,11 @@ def test_another_node_compensates_a_repository_step_begun_under_the_first_nodes_
     step = RepositoryStep("shared", str(path))
     evidence = step.run(first)
     assert Path(evidence["worktree"]).is_relative_to(tmp_path / "node-b")
+    # The other node recognises it as made (issue 42, point 3) ...
+    assert step.reconcile(second) == evidence
     step.compensate(second)
     assert step.absent(first) and step.absent(second)
     assert "kandev/NOD-1" not in branches(path)
     assert not Path(evidence["worktree"]).exists()
+    # ... and removes the first node's per-task folder with it (point 5).
+    assert not (tmp_path / "node-b" / "worktrees" / str(task_id)).exists()

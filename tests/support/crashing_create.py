@@ -1,5 +1,7 @@
 """Run one create in this process with a failpoint armed; the process is
-expected to SIGKILL itself at that boundary. Used by recovery tests.
+expected to SIGKILL itself at that boundary. Used by recovery tests, and as
+a creation's owner that a test SIGKILLs or SIGSTOPs itself
+(tests/integration/test_lease_heartbeats.py).
 
 usage: python -m tests.support.crashing_create SETTINGS_JSON SECRET BODY_JSON [REQUEST_ID]
 """

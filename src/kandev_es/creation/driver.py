@@ -5,6 +5,7 @@ epoch) run this same code; a write at a stale epoch is refused (fencing)."""
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -14,6 +15,7 @@ from kandev_es import metrics
 from kandev_es.application import Tasks, VersionConflict
 from kandev_es.config import Settings
 from kandev_es.creation import failpoints
+from kandev_es.creation.lease import Lease, LeaseLost
 from kandev_es.creation.steps.base import (
     COMPENSATED,
     FAILED,
@@ -73,7 +75,9 @@ def event_bound(
     workspace deletion can interrupt. Besides: Claimed, one RecoveryClaimed per
     takeover, at most one compensated per step plus Aborted, Completed,
     Parked, and the 2 operator events (Released, deletion). An operator's
-    retry or abort starts anew from here."""
+    retry or abort starts anew from here. Not counted: the owner's lease
+    renewals (``LeaseRenewed``, creation/lease.py), one per third of a lease
+    that a step runs -- a live owner's step may run for hours."""
     drives = (1 + recovery_attempts) * (1 + resumes)
     passes = (step_attempts - 1) + 1 + drives + 2
     return 1 + recovery_attempts + passes * (3 * steps + 2) + (steps + 1) + 1 + 1 + 2
@@ -100,6 +104,7 @@ class CreationDriver:
 
     def drive(self, identity_id: uuid.UUID, number: int, epoch: int) -> DriveOutcome:
         error: KandevError | None = None
+        lease = Lease(self._app, identity_id, number, epoch, self._settings.lease_seconds)
         for _ in range(MAX_PASSES):
             identity, task = self._load(identity_id, number)
             tenure = identity.tenure(number)
@@ -115,6 +120,7 @@ class CreationDriver:
                 task.id,
                 tenure.plan,
                 self._credentials,
+                lease,
             )
             try:
                 if tenure.phase == COMPLETING:
@@ -207,33 +213,92 @@ class CreationDriver:
     def _run_step(
         self, identity: Identity, number: int, step: Step, ctx: StepContext
     ) -> KandevError | None:
-        kind = step.name.split(":", 1)[0]
+        started = time.monotonic()
         self._record(identity, number, step.name, STARTED, {})  # fenced before any effect
-        try:
-            # The failpoints either side of the effect are part of it: one that
-            # raises is the step raising before or after its effect was made.
-            failpoints.hit(self._settings, f"{kind}:before")
-            evidence = step.run(ctx)
-            failpoints.hit(self._settings, f"{kind}:after")
-        except StepFailed as failed:
-            self._abort(identity, number, step.name, failed.error, failed.detail)
-            return failed.error
-        except StoreUnavailable:
+        assert ctx.lease is not None
+        ctx.lease.held_from(started)
+        evidence, raised = self._effect(identity, step, ctx)
+        self._still_held(ctx, step)
+        if isinstance(raised, StepFailed):
+            self._abort(identity, number, step.name, raised.error, raised.detail)
+            return raised.error
+        if isinstance(raised, StoreUnavailable):
             # Reconciling would need the same database: stop here, answer 503;
             # the step stays `started` and the Runtime reconciles it later.
-            raise
-        except Exception as error:  # the effect's result is unknown: ask the world
-            log.exception("step %s raised; reconciling", step.name)
-            self._record(identity, number, step.name, UNKNOWN, {"error": repr(error)})
-            failpoints.hit(self._settings, f"{kind}:unknown")
+            raise raised
+        if raised is not None:  # the effect's result is unknown: ask the world
+            log.error("step %s raised; reconciling", step.name, exc_info=raised)
+            self._record(identity, number, step.name, UNKNOWN, {"error": repr(raised)})
+            failpoints.hit(self._settings, f"{step.name.split(':', 1)[0]}:unknown")
             found = step.reconcile(ctx)
             if found is None:
                 unproven = EffectUnproven(f"step {step.name} failed and its effect is absent")
-                self._abort(identity, number, step.name, unproven, repr(error))
+                self._abort(identity, number, step.name, unproven, repr(raised))
                 return unproven
             evidence = found
+        assert evidence is not None
         self._record(identity, number, step.name, SUCCEEDED, evidence)
         return None
+
+    def _effect(
+        self, identity: Identity, step: Step, ctx: StepContext
+    ) -> tuple[dict[str, Any] | None, Exception | None]:
+        """Run the step with its lease renewed meanwhile (creation/lease.py):
+        its evidence, or what it raised. The failpoints either side of the
+        effect are part of it: one that raises is the step raising before or
+        after its effect was made. Then, still renewing, whether the lease is
+        held: an owner paused past its lease learns here that it lost it."""
+        assert ctx.lease is not None
+        kind = step.name.split(":", 1)[0]
+        evidence: dict[str, Any] | None = None
+        raised: Exception | None = None
+        with ctx.lease.renewing(identity):
+            try:
+                failpoints.hit(self._settings, f"{kind}:before")
+                evidence = step.run(ctx)
+                failpoints.hit(self._settings, f"{kind}:after")
+            except Exception as error:
+                raised = error
+            try:
+                ctx.lease.check()
+            except LeaseLost:
+                pass  # ``lost`` is set: _still_held acts on it
+            except Exception as error:  # the store is away: nothing can be recorded
+                raised = raised if isinstance(raised, StoreUnavailable) else error
+        return evidence, raised
+
+    def _still_held(self, ctx: StepContext, step: Step) -> None:
+        """After a step: ``Fenced`` if its lease was lost meanwhile (after
+        removing an effect the new owner no longer wants), a re-read if a
+        renewal left our Identity behind the store."""
+        assert ctx.lease is not None
+        if ctx.lease.lost.is_set():
+            self._after_losing(ctx, step)
+            raise Fenced(f"tenure {ctx.tenure} lost its lease at epoch {ctx.lease.epoch}")
+        if ctx.lease.stale:
+            raise VersionConflict("the lease's renewal left this identity behind")
+
+    def _after_losing(self, ctx: StepContext, step: Step) -> None:
+        """This owner's step ran on after a newer owner took the tenure over:
+        whatever it made is in the world now, *after* the newer owner read the
+        tenure below. A newer owner still preparing or completing finds the
+        effect (reconcile, or its compensation later); one already aborting
+        may have looked for it before it was made, so it is removed here."""
+        identity = self._app.load(ctx.identity_id, Identity)
+        tenure = None if identity is None else identity.tenures.get(ctx.tenure)
+        if tenure is None or tenure.phase not in (ABORTING, ABORTED) or step.absent(ctx):
+            return
+        try:
+            step.compensate(ctx)
+        except Exception:  # the newer owner's compensation or an operator's finishes it
+            log.exception("removing step %s's late effect failed", step.name)
+            return
+        log.warning(
+            "step %s finished after its lease was lost to epoch %s (%s): its effect was removed",
+            step.name,
+            tenure.epoch,
+            tenure.phase,
+        )
 
     def abandon(self, identity_id: uuid.UUID, number: int, epoch: int, reason: str) -> DriveOutcome:
         """Stop preparing: abort the tenure (``reason`` is the Aborting's) at
@@ -300,8 +365,15 @@ class CreationDriver:
             status = tenure.steps.get(step.name, {}).get("status")
             if status is None or status == COMPENSATED:
                 continue
-            step.compensate(ctx)
-            if not step.absent(ctx):
+            assert ctx.lease is not None
+            with ctx.lease.renewing(identity):
+                step.compensate(ctx)
+                gone = step.absent(ctx)
+            if ctx.lease.lost.is_set():
+                raise Fenced(f"tenure {tenure.number} lost its lease while compensating")
+            if ctx.lease.stale:
+                raise VersionConflict("the lease's renewal left this identity behind")
+            if not gone:
                 raise Unavailable(f"compensation of {step.name} is not yet proven")
             self._record(identity, tenure.number, step.name, COMPENSATED, {"proof": "absent"})
         identity.abort(tenure.number)

@@ -209,6 +209,17 @@ class Identity(DirectEvents, Aggregate):
         )
         return epoch
 
+    def renew_lease(self, tenure: int, epoch: int, lease_expires_at: datetime) -> None:
+        """The owner at ``epoch`` still works on the tenure (a step is running):
+        its lease now runs until ``lease_expires_at``. Refused once another
+        epoch owns it or it has ended: the renewal is fenced like every write."""
+        current = self.tenure(tenure)
+        if current.epoch != epoch or not current.in_flight:
+            raise DomainRuleBroken(f"tenure {tenure} is no longer held at epoch {epoch}")
+        self.trigger_event(
+            self.LeaseRenewed, tenure=tenure, epoch=epoch, lease_expires_at=lease_expires_at
+        )
+
     def park(self, tenure: int, reason: str) -> None:
         """The Runtime's last takeover of the series failed: it leaves the
         creation to an operator, saying why."""
@@ -398,6 +409,16 @@ class Identity(DirectEvents, Aggregate):
             tenure.owner_id = self.owner_id
             tenure.lease_expires_at = self.lease_expires_at
             tenure.takeovers += 1
+
+    class LeaseRenewed(Aggregate.Event):
+        """A heartbeat: the owner at ``epoch`` renewed its lease while a step ran."""
+
+        tenure: int
+        epoch: int
+        lease_expires_at: datetime
+
+        def apply(self, aggregate: Identity) -> None:
+            aggregate.tenures[self.tenure].lease_expires_at = self.lease_expires_at
 
     class OperatorSettling(Aggregate.Event):
         """An operator takes a parked tenure in hand: a new epoch fences

@@ -99,6 +99,8 @@ def _describe(entry: dict[str, Any]) -> str:
         )
     if kind == "RecoveryClaimed":
         return f"RECOVERY by {entry['owner_id']}, epoch {entry['epoch']}{_request(entry)}"
+    if kind == "LeaseRenewed":
+        return f"lease renewed until {entry['lease_expires_at']} (epoch {entry['epoch']})"
     if kind == "Parked":
         return f"PARKED by the Runtime (left to an operator): {entry['reason']}"
     if kind in ("RecoveryRenewed", "AbortForced"):

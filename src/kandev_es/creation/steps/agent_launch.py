@@ -20,6 +20,7 @@ from kandev_es.agent.processes import processes_for_run, stop_run
 from kandev_es.application import Tasks
 from kandev_es.config import Settings, agent_environment, data_path
 from kandev_es.creation.steps.base import RunCredentials, StepContext, StepFailed
+from kandev_es.creation.steps.repository import RepositoryStep
 from kandev_es.domain.agent_session import session_id_for
 from kandev_es.domain.token import RunCredentialRevoked
 from kandev_es.errors import AgentLaunchFailed, AgentLimitReached
@@ -94,7 +95,14 @@ class AgentLaunchStep:
         return str(session_id_for(ctx.task_id))
 
     def _cwd(self, ctx: StepContext) -> Path:
+        """The first repository's worktree, wherever its owner made it (another
+        node's data dir after a takeover), else a session folder."""
         repositories = ctx.manifest.get("repositories") or []
+        paths = ctx.manifest.get("repository_paths", {})
+        if repositories and repositories[0] in paths:
+            found = RepositoryStep(repositories[0], paths[repositories[0]]).reconcile(ctx)
+            if found is not None:
+                return Path(found["worktree"])
         if repositories:
             return data_path(ctx.settings, "worktrees", str(ctx.task_id), repositories[0])
         return data_path(ctx.settings, "sessions", str(ctx.task_id))
@@ -123,6 +131,7 @@ class AgentLaunchStep:
 
     def _launch(self, ctx: StepContext) -> dict[str, Any]:
         run_id = self._run_id(ctx)
+        ctx.fence()  # held still? an owner that lost its lease starts no agent
         try:
             secret = ctx.credentials.issue_run(ctx.workspace_id, run_id, ctx.task_id)
         except RunCredentialRevoked:

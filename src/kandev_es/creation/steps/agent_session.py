@@ -21,6 +21,7 @@ class AgentSessionStep:
         if existing is not None:
             return existing
         profile = ctx.manifest.get("agent_profile") or "default"
+        ctx.fence()  # held still? an owner that lost its lease makes nothing
         # A conflict means an earlier attempt of this very step opened it.
         with contextlib.suppress(VersionConflict):
             ctx.app.save_atomically(AgentSession.open(ctx.task_id, ctx.workspace_id, profile))

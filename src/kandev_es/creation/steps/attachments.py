@@ -33,6 +33,8 @@ class AttachmentClaimStep:
         def claim(attachment: Attachment) -> None:
             attachment.claim(ctx.task_id)
 
+        ctx.fence()  # held still? an owner that lost its lease makes nothing
+
         try:
             ctx.app.retry_on_conflict(
                 lambda: self._require(ctx), claim, attempts=SHARED_ATTEMPTS,

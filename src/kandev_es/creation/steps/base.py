@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import threading
 import uuid
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kandev_es.application import Tasks
 from kandev_es.config import Settings
+from kandev_es.creation.lease import Lease
 from kandev_es.errors import CompensationUnproven, InternalError, KandevError
 
 STARTED = "started"
@@ -39,10 +41,23 @@ class StepContext:
     task_id: uuid.UUID
     manifest: dict[str, Any]
     credentials: RunCredentials
+    # The owner's hold on the tenure (creation/lease.py); None outside a drive.
+    lease: Lease | None = None
 
     @property
     def workspace_id(self) -> uuid.UUID:
         return uuid.UUID(self.manifest["workspace_id"])
+
+    @property
+    def stop(self) -> threading.Event | None:
+        """Set once the lease is lost: a long effect (a git command) stops."""
+        return None if self.lease is None else self.lease.lost
+
+    def fence(self) -> None:
+        """Before an effect becomes visible: ``LeaseLost`` unless this owner
+        still holds the tenure (creation/lease.py ``Lease.check``)."""
+        if self.lease is not None:
+            self.lease.check()
 
     def key(self, step_name: str) -> str:
         return f"{self.task_id}:{step_name}"

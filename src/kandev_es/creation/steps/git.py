@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import subprocess
+import threading
 from pathlib import Path
 
 from kandev_es.errors import InternalError
@@ -12,9 +16,25 @@ class GitError(InternalError):
     """A git command failed; the step that ran it decides what that means."""
 
 
-def git(repo: Path | str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+# How often a git command that may be stopped looks at its stop signal.
+STOP_POLL_SECONDS = 0.1
+
+
+class GitStopped(GitError):
+    """The command was stopped (its creation's lease was lost) before it ended."""
+
+
+def git(
+    repo: Path | str, *args: str, check: bool = True, stop: threading.Event | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run git in ``repo``. With ``stop``: the command (and its hooks, in a
+    process group of their own) is killed as soon as ``stop`` is set, and
+    ``GitStopped`` raised."""
+    command = ["git", "-C", str(repo), *args]
+    if stop is not None:
+        return _stoppable(command, stop, check)
     result = subprocess.run(
-        ["git", "-C", str(repo), *args],
+        command,
         capture_output=True,
         text=True,
         stdin=subprocess.DEVNULL,
@@ -23,6 +43,33 @@ def git(repo: Path | str, *args: str, check: bool = True) -> subprocess.Complete
     )
     if check and result.returncode != 0:
         raise GitError(f"git {' '.join(args)} failed: {result.stderr.strip()}")
+    return result
+
+
+def _stoppable(
+    command: list[str], stop: threading.Event, check: bool
+) -> subprocess.CompletedProcess[str]:
+    with subprocess.Popen(
+        command,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        process_group=0,
+    ) as process:
+        while True:
+            try:
+                out, err = process.communicate(timeout=STOP_POLL_SECONDS)
+                break
+            except subprocess.TimeoutExpired:
+                if stop.is_set():
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(process.pid, signal.SIGKILL)
+                    process.communicate()
+                    raise GitStopped(f"git {' '.join(command[3:])} stopped") from None
+    result = subprocess.CompletedProcess(command, process.returncode, out, err)
+    if check and result.returncode != 0:
+        raise GitError(f"git {' '.join(command[3:])} failed: {err.strip()}")
     return result
 
 

@@ -29,6 +29,8 @@ class WipReservationStep:
             ledger.reserve(ctx.task_id, self.limit)
             return ledger
 
+        ctx.fence()  # held still? an owner that lost its lease makes nothing
+
         try:
             ledger = ctx.app.retry_on_conflict(
                 lambda: self._load(ctx), reserve, attempts=SHARED_ATTEMPTS,
