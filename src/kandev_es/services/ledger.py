@@ -331,7 +331,7 @@ def proof_bundle(
             covered = [(v, i) for v, (i, _) in logged.items() if i < size]
             proofs = _proofs(tx, covered, size)
             consistency = _consistency_proofs(tx, consistency_from, size)
-            map_proof = ledger_heads.proof(tx, key)
+            map_proof = ledger_heads.proof(tx, database.backend, key)
         if _map_matches(note, key, map_proof):
             break
     events, previous = [], chains.GENESIS

@@ -35,7 +35,7 @@ def _latest_heads(tx: Any, start: int, size: int) -> dict[uuid.UUID, tuple[int, 
     return latest
 
 
-def _nodes_source(tx: Any, make: Any) -> heads.MapSource:
+def _nodes_source(tx: Any, backend: str, make: Any) -> heads.MapSource:
     """The stored map nodes ``make`` reads, read in one pass (a first run
     with empty nodes records which: the shape never depends on the hashes)."""
     asked: set[tuple[int, int]] = set()
@@ -45,7 +45,7 @@ def _nodes_source(tx: Any, make: Any) -> heads.MapSource:
         return None
 
     make(record)
-    found = store.read_nodes(tx, asked, "ledger_map_nodes")
+    found = store.read_map_nodes(tx, backend, asked)
     return lambda level, index: found.get((level, index))
 
 
@@ -64,26 +64,26 @@ def advance(tx: Any, backend: str, size: int) -> bytes | None:
             tx, backend,
             [(s, heads.bucket_of(s), v, h) for s, (v, h) in latest.items()],
         )
-        contents = store.bucket_heads(tx, {heads.bucket_of(s) for s in latest})
+        contents = store.bucket_heads(tx, backend, {heads.bucket_of(s) for s in latest})
         changed = {b: heads.bucket_hash(heads.Head(*e) for e in entries)
                    for b, entries in contents.items()}
 
         def make(source: heads.MapSource) -> dict[tuple[int, int], bytes]:
             return heads.updated_nodes(source, changed)
 
-        made = make(_nodes_source(tx, make))
-        store.write_map_nodes(tx, [(lv, ix, h) for (lv, ix), h in sorted(made.items())])
+        made = make(_nodes_source(tx, backend, make))
+        store.write_map_nodes(tx, backend, [(lv, ix, h) for (lv, ix), h in sorted(made.items())])
         store.set_map_size(tx, size)
-    return heads.root_of(_nodes_source(tx, heads.root_of))
+    return heads.root_of(_nodes_source(tx, backend, heads.root_of))
 
 
-def proof(tx: Any, stream: uuid.UUID) -> dict[str, Any]:
+def proof(tx: Any, backend: str, stream: uuid.UUID) -> dict[str, Any]:
     """The stream's bucket and the path from it to the map's root, as of
     the map's size (the latest checkpoint's)."""
     bucket = heads.bucket_of(stream)
-    entries = sorted((heads.Head(*e) for e in store.bucket_heads(tx, [bucket])[bucket]),
+    entries = sorted((heads.Head(*e) for e in store.bucket_heads(tx, backend, [bucket])[bucket]),
                      key=lambda h: h.stream.bytes)
-    source = _nodes_source(tx, lambda src: [heads.node(src, lv, ix)
+    source = _nodes_source(tx, backend, lambda src: [heads.node(src, lv, ix)
                                             for lv, ix in heads.siblings(bucket)])
     path = [heads.node(source, lv, ix) for lv, ix in heads.siblings(bucket)]
     return heads.proof_document(entries, path)

@@ -288,35 +288,76 @@ def clear_map(tx: Transaction) -> None:
 def upsert_heads(
     tx: Transaction, backend: str, rows: Sequence[tuple[uuid.UUID, int, int, bytes]]
 ) -> None:
-    """(stream, bucket, version, chain hash): each stream's head now."""
+    """(stream, bucket, version, chain hash): each stream's head now; on
+    PostgreSQL one statement (unnest of arrays), not a row each."""
+    conflict = (" ON CONFLICT (originator_id) DO UPDATE SET originator_version ="
+                " excluded.originator_version, chain_hash = excluded.chain_hash")
+    if backend == "postgres":
+        if rows:
+            tx.execute(
+                "INSERT INTO ledger_heads (originator_id, bucket, originator_version, chain_hash)"
+                " SELECT * FROM unnest(%b::uuid[], %b::integer[], %b::bigint[], %b::bytea[])"
+                + conflict,
+                [list(column) for column in zip(*rows, strict=True)],
+            )
+        return
     tx.executemany(
         "INSERT INTO ledger_heads (originator_id, bucket, originator_version, chain_hash)"
-        " VALUES (?, ?, ?, ?) ON CONFLICT (originator_id) DO UPDATE SET"
-        " originator_version = excluded.originator_version, chain_hash = excluded.chain_hash",
+        " VALUES (?, ?, ?, ?)" + conflict,
         [(stream_key(backend, s), b, v, h) for s, b, v, h in rows],
     )
 
 
 def bucket_heads(
-    tx: Transaction, buckets: Iterable[int]
+    tx: Transaction, backend: str, buckets: Iterable[int]
 ) -> dict[int, list[tuple[uuid.UUID, int, bytes]]]:
     """Every head in each of ``buckets``: bucket -> [(stream, version, hash)]."""
     wanted = sorted(set(buckets))
     found: dict[int, list[tuple[uuid.UUID, int, bytes]]] = {b: [] for b in wanted}
-    for chunk in range(0, len(wanted), 500):
-        part = wanted[chunk : chunk + 500]
-        marks = ", ".join("?" * len(part))
-        for stream, bucket, version, value in tx.execute(
-            "SELECT originator_id, bucket, originator_version, chain_hash FROM ledger_heads"
-            f" WHERE bucket IN ({marks})", part
-        ):
-            found[int(bucket)].append((uuid.UUID(str(stream)), int(version), bytes(value)))
+    select = "SELECT originator_id, bucket, originator_version, chain_hash FROM ledger_heads"
+    if backend == "postgres":
+        rows = tx.execute(select + " WHERE bucket = ANY(%b::integer[])", (wanted,))
+    else:
+        rows = []
+        for chunk in range(0, len(wanted), 500):
+            part = wanted[chunk : chunk + 500]
+            rows += tx.execute(select + f" WHERE bucket IN ({', '.join('?' * len(part))})", part)
+    for stream, bucket, version, value in rows:
+        found[int(bucket)].append((uuid.UUID(str(stream)), int(version), bytes(value)))
     return found
 
 
-def write_map_nodes(tx: Transaction, nodes: Iterable[tuple[int, int, bytes]]) -> None:
+def read_map_nodes(
+    tx: Transaction, backend: str, keys: Iterable[NodeKey]
+) -> dict[NodeKey, bytes]:
+    """Nodes of the map of stream heads; on PostgreSQL in one statement."""
+    wanted = sorted(set(keys))
+    if backend != "postgres":
+        return read_nodes(tx, wanted, "ledger_map_nodes")
+    if not wanted:
+        return {}
+    rows = tx.execute(
+        "SELECT m.level, m.node_index, m.hash FROM ledger_map_nodes m"
+        " JOIN unnest(%b::integer[], %b::integer[]) AS w (level, node_index)"
+        " ON m.level = w.level AND m.node_index = w.node_index",
+        ([level for level, _ in wanted], [index for _, index in wanted]),
+    )
+    return {(int(level), int(index)): bytes(value) for level, index, value in rows}
+
+
+def write_map_nodes(
+    tx: Transaction, backend: str, nodes: Sequence[tuple[int, int, bytes]]
+) -> None:
+    conflict = " ON CONFLICT (level, node_index) DO UPDATE SET hash = excluded.hash"
+    if backend == "postgres":
+        if nodes:
+            tx.execute(
+                "INSERT INTO ledger_map_nodes (level, node_index, hash)"
+                " SELECT * FROM unnest(%b::integer[], %b::integer[], %b::bytea[])" + conflict,
+                [list(column) for column in zip(*nodes, strict=True)],
+            )
+        return
     tx.executemany(
-        "INSERT INTO ledger_map_nodes (level, node_index, hash) VALUES (?, ?, ?)"
-        " ON CONFLICT (level, node_index) DO UPDATE SET hash = excluded.hash",
+        "INSERT INTO ledger_map_nodes (level, node_index, hash) VALUES (?, ?, ?)" + conflict,
         list(nodes),
     )
