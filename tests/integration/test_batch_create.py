@@ -370,3 +370,31 @@ def test_atomic_refuses_items_with_effects(client, services, workspace, member, 
     assert refused.status_code == 422
     assert refused.json["details"]["failures"][0]["error"] == "effects_in_atomic_batch"
     assert task_created_count(services) == 0
+
+
+def test_a_full_batch_of_1000_is_two_windows_and_answers_found_when_run_again(
+    client, services, workspace, member
+):
+    _, secret = member
+    tasks = [{"external_id": f"FULL-{n}", "title": f"t{n}"} for n in range(1000)]
+    first = batch(client, secret, tasks)
+    assert first.status_code == 200, first.json
+    assert first.json["summary"]["created"] == 1000
+    again = batch(client, secret, tasks)
+    assert again.json["summary"]["found_settled"] == 1000
+    assert [r["result"]["id"] for r in again.json["results"]] == [
+        r["result"]["id"] for r in first.json["results"]
+    ]
+    assert task_created_count(services) == 1000
+
+
+def test_windows_are_bounded_by_items_and_by_text():
+    from kandev_es.bulk.service import WINDOW, WINDOW_TEXT, windows
+
+    small = [{"title": "t"}] * (WINDOW * 2 + 1)
+    assert [len(w) for w in windows(small)] == [WINDOW, WINDOW, 1]
+    big = [{"title": "t", "description": "d" * (WINDOW_TEXT // 3)}] * 7
+    assert [len(w) for w in windows(big)] == [2, 2, 2, 1]
+    huge = [{"description": "d" * (WINDOW_TEXT * 2)}] * 2
+    assert [len(w) for w in windows(huge)] == [1, 1]
+    assert list(windows([])) == []

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import inspect
+from collections.abc import Iterator
 from typing import Any
 
-from flask import Response, jsonify, request
+from flask import Response, current_app, jsonify, request
 from flask.views import MethodView
 from flask_smorest import Blueprint
 from marshmallow import Schema, fields, validate
@@ -22,7 +23,7 @@ from kandev_es.api.context import (
 )
 from kandev_es.api.errors import document_errors
 from kandev_es.bulk.request import BatchCreateRequestSchema
-from kandev_es.bulk.results import BatchCreateResponseSchema
+from kandev_es.bulk.results import BatchCreateResponseSchema, BatchResult
 from kandev_es.creation.outcomes import CreateTaskResponseSchema
 from kandev_es.creation.request import CreateTaskRequestSchema
 from kandev_es.domain.external_id import normalize_external_id, require_external_id
@@ -139,6 +140,22 @@ class TaskBatch(MethodView):
             "content": {"application/json": {"schema": BatchCreateRequestSchema}},
         },
     )
+    @blp.doc(
+        parameters=[
+            {
+                "name": "Idempotency-Key",
+                "in": "header",
+                "required": False,
+                "schema": {"type": "string", "minLength": 1, "maxLength": 200},
+                "description": (
+                    "optional: the same key again replays the first batch's results "
+                    "(Idempotent-Replayed: true); with another body 422 "
+                    "idempotency_key_reused; while the first is processed 409 "
+                    "batch_in_progress"
+                ),
+            }
+        ],
+    )
     @blp.response(200, BatchCreateResponseSchema)
     @document_errors(blp, 400, 404, 409, 413, 422, 503)
     def post(self) -> Response:  # always a Response: see _documentation_only
@@ -154,12 +171,31 @@ class TaskBatch(MethodView):
         At most `KANDEV_BATCH_MAX_ITEMS` items (413). `atomic: true`: nothing is
         created unless every item would be created or found (422 `batch_refused`
         listing every failing index); items with effects are refused there.
-        Retrying a batch is safe by external ID.
+        Retrying a batch is safe by external ID; with the same `Idempotency-Key` it
+        replays the first answer.
         """
         body = json_object(unique_keys=True)
-        result = services().batch.create_many(principal(), body)
-        with tracing.span("answer"):
-            return jsonify(result.to_response())
+        key = request.headers.get("Idempotency-Key")
+        result = services().batch.create_many(principal(), body, key)
+        answer = _batch_answer(result)
+        if key is not None:
+            answer.headers["Idempotent-Replayed"] = "true" if result.replayed else "false"
+        return answer
+
+
+def _batch_answer(result: BatchResult) -> Response:
+    """The batch's answer, its JSON written item by item as it is sent: a
+    1,000-item answer is never one string (nor its bytes) in memory."""
+    dumps = current_app.json.dumps
+    head = dumps(result.to_response(with_results=False))
+
+    def chunks() -> Iterator[str]:
+        yield head[: head.rindex("}")] + ',"results":['  # the head is one object
+        for place, item in enumerate(result.items):
+            yield ("," if place else "") + dumps(item.to_response())
+        yield "]}"
+
+    return current_app.response_class(chunks(), mimetype="application/json")
 
 
 @blp.route("/workspaces/<workspace_id>/tasks/by-external-id")

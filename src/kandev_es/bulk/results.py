@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,9 +21,13 @@ OUTCOMES = [*(outcome.value for outcome in Outcome), FAILED]
 
 @dataclass(frozen=True)
 class ItemResult:
+    """One item's answer: ``result``, or its ``error`` -- or, replayed, the
+    error as first answered (``stored_error``: its status and body)."""
+
     index: int
     result: CreateResult | None = None
     error: KandevError | None = None
+    stored_error: tuple[int, dict[str, Any]] | None = None
 
     @property
     def outcome(self) -> str:
@@ -30,7 +35,15 @@ class ItemResult:
 
     @property
     def status(self) -> int:
+        if self.stored_error is not None:
+            return self.stored_error[0]
         return http_status(self.error) if self.error is not None else 200
+
+    def error_body(self) -> dict[str, Any]:
+        if self.stored_error is not None:
+            return self.stored_error[1]
+        assert self.error is not None
+        return self.error.to_dict()
 
     def to_response(self) -> dict[str, Any]:
         answer: dict[str, Any] = {"index": self.index, "status": self.status}
@@ -38,9 +51,30 @@ class ItemResult:
         if self.result is not None:
             answer["result"] = self.result.to_response()
         else:
-            assert self.error is not None
-            answer["error"] = self.error.to_dict()
+            answer["error"] = self.error_body()
         return answer
+
+    def compact(self) -> dict[str, Any]:
+        """What a replay needs of this answer (BatchOperation.Finished)."""
+        kept: dict[str, Any] = {"index": self.index, "status": self.status}
+        kept["outcome"] = self.outcome
+        if self.result is not None:
+            kept["task_id"] = str(self.result.task["id"])
+        else:
+            kept["error"] = self.error_body()
+        return kept
+
+    @classmethod
+    def replayed(
+        cls, kept: dict[str, Any], tasks: dict[uuid.UUID, Mapping[str, Any]]
+    ) -> ItemResult:
+        """The item as first answered, its task as it is now (no creation
+        handle: only its hash was ever stored)."""
+        index = int(kept["index"])
+        if "task_id" not in kept:
+            return cls(index, stored_error=(int(kept["status"]), dict(kept["error"])))
+        task = tasks[uuid.UUID(kept["task_id"])]
+        return cls(index, CreateResult(Outcome(kept["outcome"]), task))
 
 
 @dataclass(frozen=True)
@@ -48,18 +82,21 @@ class BatchResult:
     workspace_id: uuid.UUID
     atomic: bool
     items: list[ItemResult]
+    replayed: bool = False
 
     def summary(self) -> dict[str, int]:
         counts = Counter(item.outcome for item in self.items)
         return {"total": len(self.items), **{name: counts[name] for name in OUTCOMES}}
 
-    def to_response(self) -> dict[str, Any]:
-        return {
+    def to_response(self, with_results: bool = True) -> dict[str, Any]:
+        answer: dict[str, Any] = {
             "workspace_id": str(self.workspace_id),
             "atomic": self.atomic,
             "summary": self.summary(),
-            "results": [item.to_response() for item in self.items],
         }
+        if with_results:
+            answer["results"] = [item.to_response() for item in self.items]
+        return answer
 
 
 class BatchItemErrorSchema(Schema):

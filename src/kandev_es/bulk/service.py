@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from kandev_es import metrics
 from kandev_es.application import Tasks, VersionConflict
-from kandev_es.bulk.request import load_batch
+from kandev_es.bulk.replay import BatchReplays
+from kandev_es.bulk.request import Batch, load_batch
 from kandev_es.bulk.results import BatchResult, ItemResult
 from kandev_es.creation.found import as_kind
 from kandev_es.creation.handles import new_secret
@@ -37,6 +38,7 @@ from kandev_es.creation.steps.registry import plan_step_names
 from kandev_es.domain.external_id import identity_id, normalize_external_id
 from kandev_es.domain.identity import Identity
 from kandev_es.domain.principal import Principal
+from kandev_es.domain.release import validate_operation_id
 from kandev_es.domain.workspace import Workspace
 from kandev_es.errors import (
     BatchRefused,
@@ -51,8 +53,12 @@ from kandev_es.observability import tracing
 
 log = logging.getLogger("kandev_es.bulk")
 
-# Items read in one query and saved in one save (the default mode).
+# Items read in one query and saved in one save (the default mode): at most
+# WINDOW items, and at most WINDOW_TEXT characters of their strings (a save's
+# events, view rows and answers each hold every string of its items: a window
+# of 500 items of 64 KiB descriptions held ~100 MB at once).
 WINDOW = 500
+WINDOW_TEXT = 4_000_000
 ATOMIC_ATTEMPTS = 4
 
 
@@ -99,20 +105,40 @@ class BatchService:
         self._app = app
         self.creation = creation
         self._max_items = max_items
+        self._replays = BatchReplays(app)
 
-    def create_many(self, principal: Principal | None, body: Mapping[str, Any]) -> BatchResult:
+    def create_many(
+        self, principal: Principal | None, body: Mapping[str, Any], key: str | None = None
+    ) -> BatchResult:
         """The batch's answer. Its authorization first (step 1, from the
-        body's ``workspace_id`` alone): refused, nothing else is read."""
+        body's ``workspace_id`` alone): refused, nothing else is read. With an
+        ``Idempotency-Key`` (``key``), a replay answers the first run's."""
         workspace_id = self.creation.authorized_workspace_id(principal, body.get("workspace_id"))
         assert principal is not None
         batch = load_batch(body, self._max_items)
+        if key is None:
+            return self._processed(principal, workspace_id, batch)
+        begun = self._replays.begin(workspace_id, validate_operation_id(key), body, batch)
+        if isinstance(begun, BatchResult):
+            return begun
+        try:
+            result = self._processed(principal, workspace_id, batch)
+        except KandevError as error:
+            self._replays.abandon(begun, error)
+            raise
+        self._replays.finish(begun, result)
+        return result
+
+    def _processed(
+        self, principal: Principal, workspace_id: uuid.UUID, batch: Batch
+    ) -> BatchResult:
         with tracing.span("batch", **{"kandev.batch.items": len(batch.items)}):
             if batch.atomic:
                 results = self._atomic(principal, workspace_id, batch.items)
             else:
                 run = self._run(principal, workspace_id, batch.items, atomic=False)
-                for start in range(0, len(batch.items), WINDOW):
-                    self._window(run, range(start, min(start + WINDOW, len(batch.items))))
+                for window in windows(batch.items):
+                    self._window(run, window)
                     self._flush(run)
                 results = self._finished(run)
         for item in results:
@@ -135,8 +161,8 @@ class BatchService:
         none: BatchRefused lists every item that would not be created or found."""
         for _ in range(ATOMIC_ATTEMPTS):
             run = self._run(principal, workspace_id, items, atomic=True)
-            for start in range(0, len(items), WINDOW):
-                self._window(run, range(start, min(start + WINDOW, len(items))))
+            for window in windows(items):
+                self._window(run, window)
             failures = [
                 {"index": item.index, **item.error.to_dict()}
                 for item in run.results
@@ -312,3 +338,17 @@ class BatchService:
         done = [result for result in run.results if result is not None]
         assert len(done) == len(run.items)
         return done
+
+
+def windows(items: list[dict[str, Any]]) -> Iterator[range]:
+    """The items' windows, in order: at most WINDOW items and WINDOW_TEXT
+    characters of their top-level strings each (one item at least)."""
+    start, text = 0, 0
+    for index, item in enumerate(items):
+        size = sum(len(value) for value in item.values() if isinstance(value, str))
+        if index > start and (index - start >= WINDOW or text + size > WINDOW_TEXT):
+            yield range(start, index)
+            start, text = index, 0
+        text += size
+    if start < len(items):
+        yield range(start, len(items))

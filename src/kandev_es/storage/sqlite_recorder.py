@@ -21,6 +21,9 @@ from kandev_es.storage.settled import Settled
 from kandev_es.storage.streams import Since, StreamsAdvanced, Versions
 from kandev_es.storage.view_writes import ViewRows, apply_sqlite
 
+# SQLite's SQLITE_MAX_COMPOUND_SELECT (500): the streams one statement reads.
+COMPOUND_SELECTS = 400
+
 
 class KandevSQLiteRecorder(SQLiteApplicationRecorder):
     # Off (KANDEV_LEDGER_SAVE_CHAINS, set by application.Tasks): the save writes
@@ -99,11 +102,16 @@ class KandevSQLiteRecorder(SQLiteApplicationRecorder):
             f"SELECT originator_id, originator_version, topic, state"
             f" FROM {self.events_table_name} WHERE originator_id = ? AND originator_version > ?"
         )
-        statement = " UNION ALL ".join([one] * len(since))
-        params = [p for key, version in since for p in (key.hex, version)]
+        rows = []
         with self.datastore.transaction(commit=False) as c:
-            c.execute(statement, params)
-            rows = c.fetchall()
+            # SQLite allows at most 500 SELECTs in one compound statement.
+            for start in range(0, len(since), COMPOUND_SELECTS):
+                part = since[start : start + COMPOUND_SELECTS]
+                c.execute(
+                    " UNION ALL ".join([one] * len(part)),
+                    [p for key, version in part for p in (key.hex, version)],
+                )
+                rows.extend(c.fetchall())
         events = [
             StoredEvent(
                 originator_id=self.convert_originator_id(row["originator_id"]),
