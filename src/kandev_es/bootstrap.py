@@ -43,6 +43,8 @@ from kandev_es.storage.database import Database, PostgresDatabase, SQLiteDatabas
 from kandev_es.storage.durability import Durability, durability
 from kandev_es.storage.schema import create_tables
 from kandev_es.storage.setup_lock import postgres_setup_lock, sqlite_setup_lock
+from kandev_es.webhooks import Webhooks
+from kandev_es.webhooks import set_up as set_up_webhooks
 
 log = logging.getLogger("kandev_es")
 
@@ -68,6 +70,8 @@ class Services:
     audit_links: AuditLinkService
     # The tamper-evident history's sequencer (services/ledger.py; docs/auditing.md).
     ledger: Sequencer
+    # Subscriptions and their deliverer (webhooks/; docs/webhooks.md).
+    webhooks: Webhooks
 
     def parked(self) -> ParkedCreations:
         """Operators' view and settling of the creations the Runtime parked."""
@@ -90,6 +94,7 @@ class Services:
         )
 
     def close(self) -> None:
+        self.webhooks.stop()
         self.ledger.stop()
         self.projections.stop()
         self.database.close()
@@ -184,6 +189,7 @@ def _set_up(settings: Settings) -> Durability | None:
         if isinstance(database, PostgresDatabase):
             database.create_schema()
         create_tables(database)
+        set_up_webhooks(settings, database)  # their tables and the v1a key
         found = durability(database)
         app = Tasks(settings.with_overrides(create_tables=True))
         try:
@@ -260,4 +266,5 @@ def bootstrap(settings: Settings) -> Services:
         ),
         audit_links=AuditLinkService(app, settings.audit_link_seconds),
         ledger=Sequencer(app, database, settings),
+        webhooks=Webhooks.build(settings, app, database),
     )

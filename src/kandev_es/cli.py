@@ -32,6 +32,7 @@ from kandev_es.cli_usage import (
     store_settings,
     workspace_id,
 )
+from kandev_es.cli_webhooks import register as register_webhooks
 from kandev_es.config import load_settings, local_url
 from kandev_es.errors import InvalidSetting, KandevError
 from kandev_es.observability import logs
@@ -384,6 +385,7 @@ register_parked(main)
 register_agentctl(main)  # agentctl task create (inside an agent run)
 register_tasks(main, workspace)  # workspace list, task create/get/lookup (for people)
 register_numbers(workspace)  # workspace advance-numbers (after a dump restore)
+register_webhooks(main)  # webhook create/list/.../deliver (docs/webhooks.md)
 
 
 def _whole_summaries(group: click.Group) -> None:

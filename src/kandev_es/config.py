@@ -111,6 +111,22 @@ class Settings:
     ledger_save_chains: bool = True
     # The interactive API page at /api/docs (api/api_docs.py); off: 404 there.
     api_docs: bool = True
+    # Webhooks (docs/webhooks.md): plain http allowed (tests, a trusted network);
+    # networks a webhook URL may reach although private (CIDRs); the retry
+    # schedule (seconds before each retry of one event; past its end the
+    # subscription is disabled); one attempt's time bound; how long a rotated
+    # secret keeps signing beside the new one; the v1a signing key (None: the
+    # data dir's webhook.key); whether serve's workers run the deliverer
+    # (off: `kandev-es webhook deliver` beside them).
+    webhook_allow_http: bool = False
+    webhook_allow_networks: tuple[str, ...] = ()
+    webhook_retry_schedule: tuple[float, ...] = (
+        5, 30, 120, 600, 1800, 3600, 7200, 14400, 28800, 43200, 43200, 43200, 43200, 43200,
+    )
+    webhook_timeout: float = 15.0
+    webhook_secret_overlap: float = 24 * 3600.0
+    webhook_key_file: Path | None = None
+    webhooks_in_process: bool = True
 
     @property
     def backend(self) -> str:
@@ -124,6 +140,10 @@ class Settings:
     @property
     def ledger_key_path(self) -> Path:
         return self.ledger_key_file or self.data_dir / "ledger.key"
+
+    @property
+    def webhook_key_path(self) -> Path:
+        return self.webhook_key_file or self.data_dir / "webhook.key"
 
     @property
     def sqlite_path(self) -> Path:
@@ -358,6 +378,8 @@ SECONDS_SETTINGS: dict[str, tuple[float, float, bool]] = {
     # 0: a link that is expired at once (tests use it).
     "KANDEV_AUDIT_LINK_SECONDS": (0, YEAR, False),
     "KANDEV_LEDGER_CHECKPOINT_SECONDS": (0, DAY, True),
+    "KANDEV_WEBHOOK_TIMEOUT": (0, 300, True),
+    "KANDEV_WEBHOOK_SECRET_OVERLAP": (0, 30 * DAY, False),
 }
 
 
@@ -405,6 +427,37 @@ def _ledger_settings(env: Mapping[str, str]) -> dict[str, Any]:
         "ledger_key_file": Path(key_file) if key_file else None,
         "ledger_origin": env.get("KANDEV_LEDGER_ORIGIN") or Settings.ledger_origin,
         "ledger_save_chains": _flag(env.get("KANDEV_LEDGER_SAVE_CHAINS"), True),
+    }
+
+
+def _retry_schedule(raw: str | None) -> tuple[float, ...]:
+    """KANDEV_WEBHOOK_RETRY_SCHEDULE: seconds before each retry, comma-separated."""
+    if raw is None or not raw.strip():
+        return Settings.webhook_retry_schedule
+    try:
+        delays = tuple(float(part) for part in raw.split(","))
+    except ValueError:
+        delays = ()
+    if not delays or len(delays) > 100 or not all(0 < d <= 7 * DAY for d in delays):
+        raise InvalidSetting(
+            "KANDEV_WEBHOOK_RETRY_SCHEDULE must be 1 to 100 comma-separated seconds in"
+            f" (0, {7 * DAY}], got {_shown(raw)}"
+        )
+    return delays
+
+
+def _webhook_settings(env: Mapping[str, str]) -> dict[str, Any]:
+    """Webhook subscriptions and their delivery (docs/webhooks.md)."""
+    key_file = env.get("KANDEV_WEBHOOK_KEY_FILE")
+    networks = env.get("KANDEV_WEBHOOK_ALLOW_NETWORKS") or ""
+    return {
+        "webhook_allow_http": _flag(env.get("KANDEV_WEBHOOK_ALLOW_HTTP"), False),
+        "webhook_allow_networks": tuple(p.strip() for p in networks.split(",") if p.strip()),
+        "webhook_retry_schedule": _retry_schedule(env.get("KANDEV_WEBHOOK_RETRY_SCHEDULE")),
+        "webhook_timeout": _seconds(env, "KANDEV_WEBHOOK_TIMEOUT", 15.0),
+        "webhook_secret_overlap": _seconds(env, "KANDEV_WEBHOOK_SECRET_OVERLAP", 24 * 3600.0),
+        "webhook_key_file": Path(key_file) if key_file else None,
+        "webhooks_in_process": _flag(env.get("KANDEV_WEBHOOKS_IN_PROCESS"), True),
     }
 
 
@@ -458,6 +511,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         max_agents_per_run=_int(env, "KANDEV_MAX_AGENTS_PER_RUN", 4),
         max_run_agents_per_workspace=_int(env, "KANDEV_MAX_RUN_AGENTS_PER_WORKSPACE", 16),
         **_ledger_settings(env),
+        **_webhook_settings(env),
         api_docs=_flag(env.get("KANDEV_API_DOCS"), True),
         agent_env=tuple(
             name.strip() for name in (env.get("KANDEV_AGENT_ENV") or "").split(",") if name.strip()

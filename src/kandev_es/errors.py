@@ -168,6 +168,28 @@ class IdempotencyKeyReused(ValidationFailed):
     code = "idempotency_key_reused"
 
 
+class InvalidWebhookUrl(ValidationFailed):
+    """A webhook URL that is not an absolute ``https`` URL (``http`` only with
+    KANDEV_WEBHOOK_ALLOW_HTTP), has credentials in it, or whose host does not
+    resolve."""
+
+    code = "invalid_webhook_url"
+
+
+class WebhookAddressRefused(ValidationFailed):
+    """A webhook URL whose host is (or resolves to) a loopback, private,
+    link-local, CGNAT, multicast, reserved or cloud-metadata address not in
+    KANDEV_WEBHOOK_ALLOW_NETWORKS (docs/webhooks.md: SSRF)."""
+
+    code = "webhook_address_refused"
+
+
+class UnknownEventType(ValidationFailed):
+    """A subscription to an event type the feeds do not publish."""
+
+    code = "unknown_event_type"
+
+
 class Unauthenticated(KandevError):
     """No bearer token that authenticates, where the transport refuses the
     request itself before any state (MCP over HTTP: no session, no transport)."""
@@ -232,6 +254,10 @@ class IdentityNotFound(NotFound):
 
     def to_dict(self) -> dict[str, Any]:
         return {"error": "identity not found"}
+
+
+class WebhookNotFound(NotFound):
+    code = "webhook_not_found"
 
 
 class CheckpointNotFound(NotFound):
@@ -301,6 +327,18 @@ class CapacityExceeded(Conflict):
 
 class AttachmentClaimed(Conflict):
     code = "attachment_claimed"
+
+
+class WebhookPaused(Conflict):
+    """A paused subscription is not replayed: resume it first."""
+
+    code = "webhook_paused"
+
+
+class WebhookLimitReached(Conflict):
+    """A workspace has as many webhook subscriptions as it may."""
+
+    code = "webhook_limit_reached"
 
 
 class RevisionMismatch(KandevError):

@@ -336,9 +336,13 @@ def worker_exited(pid: int) -> None:
 
 
 # ----- the scrape ---------------------------------------------------------
-def exposition(projection_lag: Callable[[], Mapping[str, int]]) -> bytes:
-    """The text format for every worker's values, plus the projection lag read
-    from the database now (the same answer whichever worker scrapes)."""
+def exposition(
+    projection_lag: Callable[[], Mapping[str, int]],
+    from_store: Callable[[], Iterable[Metric]] | None = None,
+) -> bytes:
+    """The text format for every worker's values, plus the projection lag and
+    ``from_store``'s families (the webhooks') read from the database now (the
+    same answer whichever worker scrapes)."""
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.multiprocess import MultiProcessCollector
 
@@ -349,7 +353,21 @@ def exposition(projection_lag: Callable[[], Mapping[str, int]]) -> bytes:
     else:
         scrape.register(_Forward(made.registry))
     scrape.register(_ProjectionLag(projection_lag))
+    if from_store is not None:
+        scrape.register(_FromStore(from_store))
     return generate_latest(scrape)
+
+
+class _FromStore:
+    def __init__(self, families: Callable[[], Iterable[Metric]]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterable[Metric]:
+        try:
+            return list(self._families())
+        except Exception as error:  # the store is down: scrape the rest, say so in the log
+            log.warning("metrics read from the store not scraped: %s", error)
+            return []
 
 
 class _Forward:

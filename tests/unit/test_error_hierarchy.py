@@ -30,13 +30,13 @@ STATUS = {
     403: "OperatorRequired",
     405: "MethodNotAllowed",
     404: "NotFound TaskNotCreated WorkspaceDeleted TaskNotFound WorkspaceNotFound TokenNotFound"
-    " IdentityNotFound CreationNotFound CheckpointNotFound",
+    " IdentityNotFound CreationNotFound CheckpointNotFound WebhookNotFound",
     409: "Conflict WorkspaceExists ReleaseConflict CreationInProgress BranchTaken CapacityExceeded"
-    " AttachmentClaimed CreationNotParked",
+    " AttachmentClaimed CreationNotParked WebhookPaused WebhookLimitReached",
     412: "RevisionMismatch",
     413: "PayloadTooLarge",
     422: "ValidationFailed RepositoryNotAllowed RepositoryNotTopLevel UnknownReference"
-    " OperationIdReused",
+    " OperationIdReused InvalidWebhookUrl WebhookAddressRefused UnknownEventType",
     429: "TooMany AgentLimitReached",
     500: "KandevError InvalidSetting",
     502: "EffectFailed RepositoryEffectFailed AgentLaunchFailed EffectUnproven"

@@ -27,13 +27,14 @@ LAYERS: tuple[tuple[tuple[str, ...], ...], ...] = (
     (("projections",),),
     (("creation",),),
     (("services",), ("runtime",), ("bulk",)),
+    (("webhooks",),),
     (("bootstrap",),),
     # MCP answers with the REST error contract through errors.http_status, not
     # through api/ (which would build the whole Flask app): the two never import
     # each other.
     (("api",), ("agentctl",), ("client",), ("mcp",)),
     (("cli", "cli_ops", "cli_parked", "cli_agentctl", "cli_ledger", "cli_tasks", "cli_numbers",
-      "cli_usage", "server", "http_worker", "http_limits"),),
+      "cli_usage", "cli_webhooks", "server", "http_worker", "http_limits"),),
 )
 
 

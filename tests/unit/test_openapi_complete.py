@@ -18,6 +18,8 @@ BODYLESS = {
     ("post", "/api/v1/tasks/{task_id}/archive"),
     ("post", "/api/v1/workspaces/{workspace_id}/creations/{identity_id}/retry"),
     ("post", "/api/v1/workspaces/{workspace_id}/creations/{identity_id}/abort"),
+    ("post", "/api/v1/workspaces/{workspace_id}/webhooks/{webhook_id}/pause"),
+    ("post", "/api/v1/workspaces/{workspace_id}/webhooks/{webhook_id}/resume"),
 }
 
 

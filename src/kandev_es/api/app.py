@@ -20,6 +20,7 @@ from kandev_es.api import (
     resources,
     tasks,
     tokens,
+    webhooks,
     workspaces,
 )
 from kandev_es.api.context import EXTENSION_KEY
@@ -61,6 +62,9 @@ def create_app(
         services.ledger.start_thread()  # one sequencer per database leads (services/ledger.py)
         if settings.runtime_in_process:
             _start_runtime(services)
+        if settings.webhooks_in_process:
+            # A background thread, never a request's: one process per database delivers.
+            services.webhooks.deliverer().start_thread()
     return app
 
 
@@ -120,6 +124,7 @@ def _register_blueprints(api: Api) -> None:
     api.register_blueprint(office.blp)
     api.register_blueprint(agentctl.blp)
     api.register_blueprint(parked.blp)
+    api.register_blueprint(webhooks.blp)
 
 
 def _follow_requests(app: Flask) -> None:

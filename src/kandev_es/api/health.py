@@ -13,6 +13,7 @@ from kandev_es import __version__, metrics
 from kandev_es.api.context import services
 from kandev_es.api.errors import document_errors
 from kandev_es.storage.durability import durability
+from kandev_es.webhooks import observed
 
 blp = Blueprint("health", __name__, description="Health")
 
@@ -132,5 +133,8 @@ class Metrics(MethodView):
         route and status, creations, steps, open streams, recoveries. No token
         needed: expose it to the scraper only (see Operations: Metrics).
         """
-        body = metrics.exposition(services().projections.lag)
+        found = services()
+        body = metrics.exposition(
+            found.projections.lag, lambda: observed.families(found.webhooks.store)
+        )
         return Response(body, content_type=metrics.CONTENT_TYPE)

@@ -1,0 +1,264 @@
+"""The deliverer: each active subscription's feed events, in feed order, POSTed
+to its URL signed by the Standard Webhooks rules (docs/webhooks.md).
+
+- One deliverer per database leads (an advisory lock of its own, as the
+  projection loop and the ledger sequencer have: PostgreSQL's session lock,
+  SQLite's flock), so one process delivers a subscription however many nodes
+  run; a killed leader's lock is free at once and another takes over.
+- In the leader, a thread per active subscription: a slow or failing
+  endpoint holds back only its own. It reads its feed from the stored
+  cursor and sends the first event of its types; the next only after a 2xx
+  (the cursor moves, in the database, in the attempt's own transaction) or
+  after it gave up (the subscription disabled with the reason, its cursor
+  on that event). A SIGKILL between the answer and the write sends that
+  event again: the same ``webhook-id``, never a later one first.
+- A failure waits ``retry_schedule[n-1]`` seconds (+-20 % jitter) before
+  attempt n+1, longer if ``Retry-After`` asks (up to the schedule's longest
+  wait); 410 Gone disables at once; past the schedule's end, disabled.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from kandev_es import metrics
+from kandev_es.observability import serving, tracing
+from kandev_es.projections.leadership import (
+    FileLeadership,
+    Leadership,
+    PostgresLeadership,
+    lock_key,
+    lock_path,
+)
+from kandev_es.services.feeds import FeedItem
+from kandev_es.storage.database import Database, PostgresDatabase, SQLiteDatabase
+from kandev_es.webhooks.addresses import NetworkPolicy
+from kandev_es.webhooks.feed import FeedReader
+from kandev_es.webhooks.signing import WebhookKey, signature_header
+from kandev_es.webhooks.store import ACTIVE, DISABLED, Attempt, Subscription, SubscriptionStore
+from kandev_es.webhooks.transport import Outcome, new_client, post
+
+log = logging.getLogger("kandev_es.webhooks")
+# The deliverer's advisory lock class ("kes5"), apart from the other leaders'.
+LOCK_CLASS = int.from_bytes(b"kes5", "big")
+SCAN_SECONDS = 1.0  # how soon a new or resumed subscription gets its thread
+PAGE = 50
+DELIVERED, FAILED, NO_ANSWER, GONE = "delivered", "failed", "no_answer", "gone"
+RESULTS = (DELIVERED, FAILED, NO_ANSWER, GONE)
+
+
+def leadership(database: Database) -> Leadership:
+    if isinstance(database, PostgresDatabase):
+        held = PostgresLeadership(database.conninfo, database.schema)
+        held._key = (LOCK_CLASS, lock_key(database.schema)[1])
+        return held
+    if isinstance(database, SQLiteDatabase):
+        path = lock_path(database.path)
+        return FileLeadership(path.with_name(path.name.replace("projection", "webhook")))
+    raise TypeError(f"no deliverer leadership for {type(database).__name__}")
+
+
+@dataclass(frozen=True)
+class Rules:
+    policy: NetworkPolicy
+    schedule: tuple[float, ...]
+    timeout: float
+
+
+def _describe(outcome: Outcome) -> str:
+    if outcome.status is None:
+        return f"no answer ({outcome.snippet})"
+    return f"HTTP {outcome.status}"
+
+
+def decide(
+    s: Subscription, item: FeedItem, outcome: Outcome, rules: Rules, now: float
+) -> tuple[str, dict[str, Any], float | None]:
+    """The attempt's result, the subscription's changes, its next attempt."""
+    if outcome.delivered:
+        return DELIVERED, {"cursor": item.position, "attempts": 0, "next_attempt_at": 0.0}, None
+    attempts = s.attempts + 1
+    if outcome.status == 410:
+        reason = f"410 Gone at feed position {item.position}: the receiver asked to stop"
+        return GONE, {"state": DISABLED, "reason": reason, "attempts": attempts}, None
+    result = FAILED if outcome.status is not None else NO_ANSWER
+    if attempts > len(rules.schedule):
+        reason = (
+            f"gave up at feed position {item.position} after {attempts} attempts"
+            f" over the retry schedule; last: {_describe(outcome)}"
+        )
+        return result, {"state": DISABLED, "reason": reason, "attempts": attempts}, None
+    wait = rules.schedule[attempts - 1] * random.uniform(0.8, 1.2)
+    if outcome.retry_after is not None:
+        wait = max(wait, min(outcome.retry_after, max(rules.schedule)))
+    return result, {"attempts": attempts, "next_attempt_at": now + wait}, now + wait
+
+
+class Deliverer:
+    def __init__(
+        self,
+        store: SubscriptionStore,
+        feed: FeedReader,
+        key: WebhookKey,
+        rules: Rules,
+        lead: Leadership | None = None,
+    ) -> None:
+        self.store = store
+        self.feed = feed
+        self.key = key
+        self.rules = rules
+        self._lead = lead or leadership(store.database)
+        self._stop = threading.Event()
+        self._leading = threading.Event()
+        self._threads: dict[uuid.UUID, threading.Thread] = {}
+
+    # ----- leadership and the threads -------------------------------------
+    def run_forever(self) -> None:
+        try:
+            while not self._stop.is_set():
+                if self._lead.hold():
+                    if not self._leading.is_set():
+                        log.info("webhooks: this process delivers now")
+                    self._leading.set()
+                    self._start_threads()
+                else:
+                    self._leading.clear()
+                self._stop.wait(SCAN_SECONDS)
+        finally:
+            self._leading.clear()
+            for thread in list(self._threads.values()):
+                thread.join(self.rules.timeout + 2)
+            self._lead.release()
+
+    def _start_threads(self) -> None:
+        try:
+            active = self.store.all(ACTIVE)
+        except Exception as error:  # the store away: the next scan tries again
+            log.warning("webhooks: cannot list subscriptions (%s)", error)
+            return
+        for s in active:
+            thread = self._threads.get(s.id)
+            if thread is None or not thread.is_alive():
+                thread = threading.Thread(
+                    target=self._run_subscription,
+                    args=(s.id,),
+                    name=f"webhook-{s.id}",
+                    daemon=True,
+                )
+                self._threads[s.id] = thread
+                thread.start()
+
+    def start_thread(self) -> threading.Thread:
+        self._stop.clear()
+        thread = threading.Thread(target=self.run_forever, name="webhooks", daemon=True)
+        thread.start()
+        return thread
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    # ----- one subscription -------------------------------------------------
+    def _run_subscription(self, subscription_id: uuid.UUID) -> None:
+        with new_client(self.rules.policy, self.rules.timeout) as client:
+            while not self._stop.is_set() and self._leading.is_set():
+                try:
+                    s = self.store.get(subscription_id)
+                    if s is None or s.state != ACTIVE:
+                        return
+                    self.step(s, client)
+                except Exception as error:  # the store away: try again in a moment
+                    log.warning("webhooks: subscription %s: %s", subscription_id, error)
+                    self._stop.wait(1.0)
+
+    def step(self, s: Subscription, client: Any) -> None:
+        """One move of ``s``: wait for its next attempt, skip events of other
+        types, or deliver its next event once."""
+        now = time.time()
+        if s.next_attempt_at > now:
+            self._stop.wait(min(s.next_attempt_at - now, 0.5))
+            return
+        seen = self.feed.head()
+        items = self.feed.read(s.workspace_id, s.cursor, PAGE)
+        if not items:
+            self.feed.wait(seen, 1.0, self._stop)
+            return
+        index = next(
+            (i for i, it in enumerate(items) if it.envelope["type"] in s.event_types), None
+        )
+        if index is None:
+            self.store.skip_to(s, items[-1].position)
+        elif index > 0:
+            self.store.skip_to(s, items[index - 1].position)
+        elif self._leading.is_set():
+            self.deliver(s, items[0], client)
+
+    def deliver(self, s: Subscription, item: FeedItem, client: Any) -> str:
+        """One attempt of ``item`` to ``s``, recorded; its result."""
+        request_id = serving.new_request_id()
+        webhook_id = str(item.envelope["id"])
+        with (
+            serving.acting_for(request_id),
+            tracing.span(
+                "webhook.deliver",
+                subscription=str(s.id),
+                webhook_id=webhook_id,
+                position=item.position,
+                attempt=s.attempts + 1,
+            ),
+        ):
+            body = json.dumps(item.envelope).encode()  # as the feed serves it
+            now = time.time()
+            timestamp = int(now)
+            headers = {
+                "content-type": "application/json",
+                "webhook-id": webhook_id,
+                "webhook-timestamp": str(timestamp),
+                "webhook-signature": signature_header(
+                    webhook_id, timestamp, body, s.secrets_in_use(now), self.key
+                ),
+                serving.HEADER: request_id,
+            }
+            parent = tracing.traceparent()
+            if parent:
+                headers["traceparent"] = parent
+            outcome = post(client, s.url, body, headers, self.rules.timeout)
+            return self._record(s, item, outcome, request_id)
+
+    def _record(self, s: Subscription, item: FeedItem, outcome: Outcome, request_id: str) -> str:
+        now = time.time()
+        result, changes, next_at = decide(s, item, outcome, self.rules, now)
+        attempt = Attempt(
+            item.position,
+            str(item.envelope["id"]),
+            s.attempts + 1,
+            now,
+            result,
+            outcome.status,
+            outcome.latency_ms,
+            outcome.snippet,
+            next_at,
+            request_id,
+        )
+        self.store.record(s, attempt, changes)
+        tracing.note(**{"http.status_code": outcome.status, "kandev.result": result})
+        metrics.record_background_write("webhooks")
+        level = logging.INFO if result == DELIVERED else logging.WARNING
+        log.log(
+            level,
+            "webhook %s position=%s attempt=%s %s %s in %.0f ms%s",
+            s.id,
+            item.position,
+            attempt.attempt,
+            result,
+            _describe(outcome),
+            outcome.latency_ms,
+            f"; disabled: {changes['reason']}" if "reason" in changes else "",
+        )
+        return result

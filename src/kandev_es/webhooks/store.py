@@ -1,0 +1,349 @@
+"""The webhook tables: subscriptions (each a cursor on its workspace's feed),
+the delivery log, and the deliveries counted by result.
+
+Tables, not events: a subscription's cursor and attempt count change with
+every delivery (several writes a second under load), which as events would
+grow the event store and the tamper-evident log by more than the tasks they
+report; its secret must stay readable to sign (so it cannot be hashed like a
+token) and must be gone for good once deleted or rotated out, which an
+append-only log cannot promise. Whoever reads the database reads the
+secrets, as with every webhook sender; the delivery log keeps no body.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from kandev_es.storage.database import Database, Transaction
+
+ACTIVE, PAUSED, DISABLED = "active", "paused", "disabled"
+LOG_KEPT = 100  # delivery-log rows kept per subscription
+
+_COLUMNS = (
+    "id, workspace_id, url, event_types, description, secret, old_secret, old_secret_until,"
+    " state, reason, cursor, attempts, next_attempt_at, generation, created_at, updated_at"
+)
+
+
+def ddl(backend: str) -> tuple[str, ...]:
+    uid = "UUID" if backend == "postgres" else "TEXT"
+    real = "DOUBLE PRECISION" if backend == "postgres" else "REAL"
+    serial = (
+        "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY"
+        if backend == "postgres"
+        else "INTEGER PRIMARY KEY AUTOINCREMENT"
+    )
+    return (
+        "CREATE TABLE IF NOT EXISTS webhook_subscriptions ("
+        f" id {uid} PRIMARY KEY, workspace_id {uid} NOT NULL, url TEXT NOT NULL,"
+        " event_types TEXT NOT NULL, description TEXT NOT NULL, secret TEXT NOT NULL,"
+        f" old_secret TEXT, old_secret_until {real}, state TEXT NOT NULL, reason TEXT,"
+        " cursor BIGINT NOT NULL, attempts INTEGER NOT NULL,"
+        f" next_attempt_at {real} NOT NULL, generation INTEGER NOT NULL,"
+        f" created_at {real} NOT NULL, updated_at {real} NOT NULL)",
+        "CREATE INDEX IF NOT EXISTS webhook_subscriptions_workspace"
+        " ON webhook_subscriptions (workspace_id, created_at)",
+        "CREATE TABLE IF NOT EXISTS webhook_deliveries ("
+        f" id {serial}, subscription_id {uid} NOT NULL, position BIGINT NOT NULL,"
+        f" event_id TEXT NOT NULL, attempt INTEGER NOT NULL, at {real} NOT NULL,"
+        f" result TEXT NOT NULL, status INTEGER, latency_ms {real} NOT NULL,"
+        f" snippet TEXT NOT NULL, next_attempt_at {real}, request_id TEXT NOT NULL)",
+        "CREATE INDEX IF NOT EXISTS webhook_deliveries_subscription"
+        " ON webhook_deliveries (subscription_id, id)",
+        "CREATE TABLE IF NOT EXISTS webhook_counters (result TEXT PRIMARY KEY,"
+        " count BIGINT NOT NULL)",
+    )
+
+
+def create_tables(database: Database) -> None:
+    with database.transaction() as tx:
+        for statement in ddl(database.backend):
+            tx.execute(statement)
+
+
+@dataclass(frozen=True)
+class Subscription:
+    id: uuid.UUID
+    workspace_id: uuid.UUID
+    url: str
+    event_types: tuple[str, ...]
+    description: str
+    secret: str
+    old_secret: str | None
+    old_secret_until: float | None
+    state: str
+    reason: str | None
+    cursor: int
+    attempts: int
+    next_attempt_at: float
+    generation: int
+    created_at: float
+    updated_at: float
+
+    def secrets_in_use(self, now: float) -> list[str]:
+        """The secrets that sign now: the current one, and a rotated-out one
+        until its overlap ends."""
+        if self.old_secret and self.old_secret_until and now < self.old_secret_until:
+            return [self.secret, self.old_secret]
+        return [self.secret]
+
+
+def _subscription(row: tuple[Any, ...]) -> Subscription:
+    (
+        sid,
+        workspace,
+        url,
+        types,
+        description,
+        secret,
+        old,
+        until,
+        state,
+        reason,
+        cursor,
+        attempts,
+        next_at,
+        generation,
+        created,
+        updated,
+    ) = row
+    return Subscription(
+        uuid.UUID(str(sid)),
+        uuid.UUID(str(workspace)),
+        url,
+        tuple(types.split(",")),
+        description,
+        secret,
+        old,
+        until,
+        state,
+        reason,
+        int(cursor),
+        int(attempts),
+        float(next_at),
+        int(generation),
+        float(created),
+        float(updated),
+    )
+
+
+class SubscriptionStore:
+    """Rows of the webhook tables; every write is one short transaction."""
+
+    def __init__(self, database: Database) -> None:
+        self.database = database
+        self._postgres = database.backend == "postgres"
+
+    def _id(self, value: uuid.UUID) -> Any:
+        return value if self._postgres else str(value)
+
+    def insert(self, subscription: Subscription) -> None:
+        s = subscription
+        with self.database.transaction() as tx:
+            tx.execute(
+                f"INSERT INTO webhook_subscriptions ({_COLUMNS})"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    self._id(s.id),
+                    self._id(s.workspace_id),
+                    s.url,
+                    ",".join(s.event_types),
+                    s.description,
+                    s.secret,
+                    s.old_secret,
+                    s.old_secret_until,
+                    s.state,
+                    s.reason,
+                    s.cursor,
+                    s.attempts,
+                    s.next_attempt_at,
+                    s.generation,
+                    s.created_at,
+                    s.updated_at,
+                ),
+            )
+
+    def count(self, workspace_id: uuid.UUID) -> int:
+        with self.database.transaction() as tx:
+            rows = tx.execute(
+                "SELECT count(*) FROM webhook_subscriptions WHERE workspace_id = ?",
+                (self._id(workspace_id),),
+            )
+        return int(rows[0][0])
+
+    def get(self, subscription_id: uuid.UUID) -> Subscription | None:
+        with self.database.transaction() as tx:
+            rows = tx.execute(
+                f"SELECT {_COLUMNS} FROM webhook_subscriptions WHERE id = ?",
+                (self._id(subscription_id),),
+            )
+        return _subscription(rows[0]) if rows else None
+
+    def of_workspace(self, workspace_id: uuid.UUID) -> list[Subscription]:
+        with self.database.transaction() as tx:
+            rows = tx.execute(
+                f"SELECT {_COLUMNS} FROM webhook_subscriptions WHERE workspace_id = ?"
+                " ORDER BY created_at, id",
+                (self._id(workspace_id),),
+            )
+        return [_subscription(row) for row in rows]
+
+    def all(self, state: str | None = None) -> list[Subscription]:
+        where, params = ("WHERE state = ?", (state,)) if state else ("", ())
+        with self.database.transaction() as tx:
+            rows = tx.execute(
+                f"SELECT {_COLUMNS} FROM webhook_subscriptions {where} ORDER BY created_at, id",
+                params,
+            )
+        return [_subscription(row) for row in rows]
+
+    def update(self, subscription_id: uuid.UUID, **changes: Any) -> Subscription | None:
+        """Set ``changes`` (column names of this module, never caller input)
+        and bump the generation, so a delivery under way does not move the
+        cursor it read before (``advance``'s guard)."""
+        assignments = ", ".join(f"{name} = ?" for name in changes)
+        with self.database.transaction() as tx:
+            rows = tx.execute(
+                f"UPDATE webhook_subscriptions SET {assignments}, updated_at = ?,"
+                " generation = generation + 1 WHERE id = ? RETURNING id",
+                (*changes.values(), time.time(), self._id(subscription_id)),
+            )
+        return self.get(subscription_id) if rows else None
+
+    def delete(self, subscription_id: uuid.UUID) -> bool:
+        with self.database.transaction() as tx:
+            rows = tx.execute(
+                "DELETE FROM webhook_subscriptions WHERE id = ? RETURNING id",
+                (self._id(subscription_id),),
+            )
+            tx.execute(
+                "DELETE FROM webhook_deliveries WHERE subscription_id = ?",
+                (self._id(subscription_id),),
+            )
+        return bool(rows)
+
+    def skip_to(self, s: Subscription, position: int) -> bool:
+        """Past feed events of types it does not subscribe to (nothing sent)."""
+        with self.database.transaction() as tx:
+            return bool(
+                tx.execute(
+                    "UPDATE webhook_subscriptions SET cursor = ? WHERE id = ? AND cursor = ?"
+                    " AND generation = ? RETURNING id",
+                    (position, self._id(s.id), s.cursor, s.generation),
+                )
+            )
+
+    def record(self, s: Subscription, attempt: Attempt, changes: dict[str, Any]) -> bool:
+        """One delivery attempt: its log row, its result counted, and (only if
+        nobody paused, replayed or deleted it meanwhile: the cursor and the
+        generation it was read with) the subscription's ``changes``."""
+        assignments = ", ".join(f"{name} = ?" for name in changes)
+        with self.database.transaction() as tx:
+            moved = bool(
+                tx.execute(
+                    f"UPDATE webhook_subscriptions SET {assignments}"
+                    " WHERE id = ? AND cursor = ? AND generation = ? RETURNING id",
+                    (*changes.values(), self._id(s.id), s.cursor, s.generation),
+                )
+            )
+            self._log(tx, s.id, attempt)
+            tx.execute(
+                "INSERT INTO webhook_counters (result, count) VALUES (?, 1)"
+                " ON CONFLICT (result) DO UPDATE SET count = webhook_counters.count + 1",
+                (attempt.result,),
+            )
+        return moved
+
+    def _log(self, tx: Transaction, subscription_id: uuid.UUID, a: Attempt) -> None:
+        sid = self._id(subscription_id)
+        rows = tx.execute(
+            "INSERT INTO webhook_deliveries (subscription_id, position, event_id, attempt, at,"
+            " result, status, latency_ms, snippet, next_attempt_at, request_id)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+            (
+                sid,
+                a.position,
+                a.event_id,
+                a.attempt,
+                a.at,
+                a.result,
+                a.status,
+                a.latency_ms,
+                a.snippet,
+                a.next_attempt_at,
+                a.request_id,
+            ),
+        )
+        if int(rows[0][0]) % 20 == 0:  # now and then: keep the latest LOG_KEPT
+            tx.execute(
+                "DELETE FROM webhook_deliveries WHERE subscription_id = ? AND id <"
+                " (SELECT min(id) FROM (SELECT id FROM webhook_deliveries"
+                "  WHERE subscription_id = ? ORDER BY id DESC LIMIT ?) AS kept)",
+                (sid, sid, LOG_KEPT),
+            )
+
+    def deliveries(self, subscription_id: uuid.UUID, limit: int) -> list[Attempt]:
+        with self.database.transaction() as tx:
+            rows = tx.execute(
+                "SELECT position, event_id, attempt, at, result, status, latency_ms, snippet,"
+                " next_attempt_at, request_id FROM webhook_deliveries"
+                " WHERE subscription_id = ? ORDER BY id DESC LIMIT ?",
+                (self._id(subscription_id), limit),
+            )
+        return [
+            Attempt(
+                int(r[0]),
+                str(r[1]),
+                int(r[2]),
+                float(r[3]),
+                str(r[4]),
+                None if r[5] is None else int(r[5]),
+                float(r[6]),
+                str(r[7]),
+                None if r[8] is None else float(r[8]),
+                str(r[9]),
+            )
+            for r in rows
+        ]
+
+    def counters(self) -> dict[str, int]:
+        with self.database.transaction() as tx:
+            rows = tx.execute("SELECT result, count FROM webhook_counters")
+        return {str(result): int(count) for result, count in rows}
+
+    def oldest_pending(self, s: Subscription) -> str | None:
+        """The timestamp of the first feed event past the cursor (None: none)."""
+        with self.database.transaction() as tx:
+            rows = tx.execute(
+                "SELECT timestamp FROM feed_events WHERE workspace_id = ? AND position > ?"
+                " ORDER BY position LIMIT 1",
+                (self._id(s.workspace_id), s.cursor),
+            )
+        return str(rows[0][0]) if rows else None
+
+    def feed_head(self, workspace_id: uuid.UUID) -> int:
+        with self.database.transaction() as tx:
+            rows = tx.execute(
+                "SELECT coalesce(max(position), 0) FROM feed_events WHERE workspace_id = ?",
+                (self._id(workspace_id),),
+            )
+        return int(rows[0][0])
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One delivery attempt as the log keeps it: no body, no header."""
+
+    position: int
+    event_id: str
+    attempt: int
+    at: float
+    result: str
+    status: int | None
+    latency_ms: float
+    snippet: str
+    next_attempt_at: float | None
+    request_id: str

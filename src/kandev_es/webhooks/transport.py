@@ -1,0 +1,154 @@
+"""One delivery attempt over HTTP (httpx), SSRF-guarded at connect.
+
+- Every connection resolves the URL's host itself and connects only if every
+  address is permitted (``NetworkPolicy``): a DNS answer that changed since
+  subscribe time (rebinding) is refused here. TLS still verifies the name.
+- No redirect is followed (a 3xx is a failure), no proxy from the
+  environment is used (it would connect on our behalf, unchecked), no
+  connection is kept between attempts.
+- Bounded: ``timeout`` seconds for connect, write and each read, and the
+  whole attempt abandoned once ``timeout`` has passed; at most
+  ``SNIPPET_READ`` bytes of the answer are read, of which a short snippet,
+  secrets blanked, is kept (never a body, never a header).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import typing
+from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
+
+import httpcore
+import httpx
+
+from kandev_es.errors import KandevError
+from kandev_es.redaction import redact
+from kandev_es.webhooks.addresses import NetworkPolicy, resolve
+
+SNIPPET_READ = 4096
+SNIPPET_CHARS = 200
+USER_AGENT = "kandev-es-webhooks/1"
+
+
+class GuardedBackend(httpcore.SyncBackend):
+    """httpcore's own backend, but the host is resolved and checked here and
+    the connection made to a checked address."""
+
+    def __init__(self, policy: NetworkPolicy) -> None:
+        self._policy = policy
+
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: typing.Iterable[typing.Any] | None = None,
+    ) -> httpcore.NetworkStream:
+        try:
+            addresses = self._policy.check(resolve(host, port))
+        except KandevError as error:
+            raise httpcore.ConnectError(error.message) from None
+        last: Exception | None = None
+        for address in addresses:
+            try:
+                return super().connect_tcp(address, port, timeout, local_address, socket_options)
+            except httpcore.ConnectError as error:
+                last = error
+        raise last or httpcore.ConnectError("no address to connect to")
+
+
+class GuardedTransport(httpx.HTTPTransport):
+    def __init__(self, policy: NetworkPolicy) -> None:
+        super().__init__(trust_env=False, retries=0)
+        # httpx builds its pool without a way to name the network backend:
+        # the same pool, with ours (tests/unit/test_library_internals.py).
+        self._pool = httpcore.ConnectionPool(
+            ssl_context=self._pool._ssl_context,
+            max_connections=1,
+            max_keepalive_connections=0,
+            network_backend=GuardedBackend(policy),
+        )
+
+
+@dataclass(frozen=True)
+class Outcome:
+    status: int | None  # None: no answer (refused, timed out, address refused)
+    latency_ms: float
+    snippet: str
+    retry_after: float | None = None
+
+    @property
+    def delivered(self) -> bool:
+        return self.status is not None and 200 <= self.status < 300
+
+
+def retry_after(value: str | None, now: float) -> float | None:
+    """Seconds a ``Retry-After`` asks for (delta-seconds or an HTTP date)."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        return max(0.0, parsedate_to_datetime(value).timestamp() - now)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+
+
+# Beside the service's own (redaction.py): what a receiver may echo back.
+_ECHOED = re.compile(
+    r"(?i)\b(whsec_|whsk_)[A-Za-z0-9+/=_-]+"
+    r"|\b(bearer\s+)[^\s\"',;]+"
+    r"|((?:token|secret|password|passwd|api[_-]?key|authorization|signature)"
+    r"[\"']?\s*[:=]\s*[\"']?)[^\s\"',;&}]+"
+)
+
+
+def _blank(match: re.Match[str]) -> str:
+    return (match.group(1) or match.group(2) or match.group(3) or "") + "[redacted]"
+
+
+def _snippet(raw: bytes) -> str:
+    """At most SNIPPET_CHARS of an answer, on one line, secrets blanked."""
+    text = " ".join(raw.decode("utf-8", "replace").split())
+    return _ECHOED.sub(_blank, redact(text))[:SNIPPET_CHARS]
+
+
+def post(
+    client: httpx.Client, url: str, body: bytes, headers: dict[str, str], timeout: float
+) -> Outcome:
+    """POST ``body``; the answer's status, latency and snippet, or why none."""
+    started = time.monotonic()
+    deadline = started + timeout
+    try:
+        with client.stream("POST", url, content=body, headers=headers) as response:
+            raw = b""
+            for chunk in response.iter_raw():
+                raw += chunk
+                if len(raw) >= SNIPPET_READ or time.monotonic() > deadline:
+                    break
+            elapsed = (time.monotonic() - started) * 1000
+            return Outcome(
+                response.status_code,
+                elapsed,
+                _snippet(raw[:SNIPPET_READ]),
+                retry_after(response.headers.get("retry-after"), time.time()),
+            )
+    except httpx.TimeoutException:
+        reason = f"timed out after {timeout:g} s"
+    except (OSError, httpx.HTTPError) as error:
+        reason = _snippet(str(error).encode()) or type(error).__name__
+    return Outcome(None, (time.monotonic() - started) * 1000, reason)
+
+
+def new_client(policy: NetworkPolicy, timeout: float) -> httpx.Client:
+    return httpx.Client(
+        transport=GuardedTransport(policy),
+        timeout=httpx.Timeout(timeout),
+        follow_redirects=False,
+        trust_env=False,
+        headers={"user-agent": USER_AGENT},
+    )
