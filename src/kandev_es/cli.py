@@ -333,7 +333,7 @@ def serve(host: str, port: int, workers: int | None, threads: int) -> None:
     \b
       kandev-es --log-level debug serve
     """
-    from kandev_es.server import first_start, run_server
+    from kandev_es.server import first_start, run_server, served_at
 
     require_free_address(host, port)  # before the store and the first-start token
     settings = store_settings()
@@ -345,7 +345,8 @@ def serve(host: str, port: int, workers: int | None, threads: int) -> None:
     first_start(settings, host, port)
     # Agents call the API where this server listens (not KANDEV_PUBLIC_URL).
     listening = settings.with_overrides(create_tables=False, agent_api_url=local_url(host, port))
-    run_server(listening, host, port, workers, threads)
+    with served_at(settings, local_url(host, port)):
+        run_server(listening, host, port, workers, threads)
 
 
 @main.command("mcp", short_help="Run the MCP server (stdio, or streamable HTTP with --http).")

@@ -22,6 +22,7 @@ from rich.progress import (
 from rich.text import Text
 
 from kandev_es.cli_usage import AT_LEAST_ONE, open_store, store_options, workspace_id
+from kandev_es.config import audit_base_url
 from kandev_es.errors import KandevError
 
 
@@ -108,8 +109,9 @@ def identity_history_command(
 ) -> None:
     """Print an identity's whole stream across tenures as a timeline.
 
-    Then a link to the auditor's HTML page of this identity, at KANDEV_PUBLIC_URL:
-    it works for this identity only, for KANDEV_AUDIT_LINK_SECONDS (900)."""
+    Then a link to the auditor's HTML page of this identity, at KANDEV_PUBLIC_URL
+    (unset: where the `serve` of this data dir listens, else 127.0.0.1:8000): it
+    works for this identity only, for KANDEV_AUDIT_LINK_SECONDS (900)."""
     from kandev_es.domain.external_id import normalize_external_id
     from kandev_es.services.history import identity_history, render_timeline
 
@@ -133,7 +135,7 @@ def identity_history_command(
             click.echo("\n".join(render_timeline(history)))
             if link:
                 issued = services.audit_links.issue(
-                    services.settings.public_url, target, normalized, issued_by="cli"
+                    audit_base_url(services.settings), target, normalized, issued_by="cli"
                 )
                 until = issued.expires_at.isoformat(timespec="seconds")
                 click.echo(f"\nauditor's page (this identity only, until {until}):\n  {issued.url}")

@@ -60,6 +60,9 @@ class Settings:
     # Shell-style command line of the agent launched for start_agent tasks.
     agent_command: str = f"{sys.executable} -m kandev_es.agent.demo"
     public_url: str = "http://127.0.0.1:8000"
+    # Whether KANDEV_PUBLIC_URL was set; unset, `identity history` links to where
+    # this data dir's `serve` listens (served_url_file), else to public_url.
+    public_url_given: bool = False
     # The API's URL for agents on this host (their KANDEV_API_URL): the address
     # the server listens on -- serve's --host/--port, else the production
     # command's KANDEV_BIND -- not KANDEV_PUBLIC_URL, which is for browsers
@@ -495,6 +498,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         lease_seconds=_seconds(env, "KANDEV_LEASE_SECONDS", 30.0),
         agent_command=env.get("KANDEV_AGENT_COMMAND") or Settings.agent_command,
         public_url=env.get("KANDEV_PUBLIC_URL") or Settings.public_url,
+        public_url_given=bool(env.get("KANDEV_PUBLIC_URL")),
         # http/gunicorn.conf.py binds to KANDEV_BIND (default 127.0.0.1:8000).
         agent_api_url=bind_url(env.get("KANDEV_BIND") or "127.0.0.1:8000"),
         failpoint=env.get("KANDEV_FAILPOINT") or None,
@@ -553,6 +557,29 @@ def take_mcp_token(environ: MutableMapping[str, str] | None = None) -> str | Non
     (agents get their own run token) never inherit the caller's credential."""
     env = os.environ if environ is None else environ
     return env.pop("KANDEV_TOKEN", None) or None
+
+
+SERVED_URL_FILE = "served-url"
+
+
+def served_url_file(settings: Settings) -> Path:
+    """Where `serve` records the address it listens on, for the commands run
+    beside it on the same data dir (the audit link of `identity history`)."""
+    return Path(settings.data_dir) / SERVED_URL_FILE
+
+
+def audit_base_url(settings: Settings) -> str:
+    """The base of the auditor's-page links the CLI prints: KANDEV_PUBLIC_URL when
+    set (behind a proxy, another host); else where this data dir's `serve`
+    listens, as it recorded at start (`serve --port 8123`); else the default."""
+    if not settings.public_url_given:
+        try:
+            recorded = served_url_file(settings).read_text(encoding="utf-8").strip()
+        except OSError:
+            recorded = ""
+        if recorded.startswith(("http://", "https://")):
+            return recorded
+    return settings.public_url
 
 
 def local_url(host: str, port: int) -> str:

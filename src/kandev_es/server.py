@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import click
 
 from kandev_es import metrics
-from kandev_es.config import Settings
+from kandev_es.config import Settings, served_url_file
 
 
 def first_start(settings: Settings, host: str, port: int) -> None:
@@ -30,16 +32,15 @@ def first_start(settings: Settings, host: str, port: int) -> None:
     finally:
         services.close()
     base = f"http://{host}:{port}"
+    # Read-only: the tours' first create (JIRA-1) must still answer created after it.
     click.echo(
         "\n".join(
             [
                 f"kandev-es: created workspace default = {workspace.id}",
                 f"kandev-es: admin token (shown once): {secret}",
-                "kandev-es: try it:",
-                f"  curl -s -X POST {base}/api/v1/tasks -H 'Authorization: Bearer {secret}'"
-                " -H 'Content-Type: application/json'"
-                f""" -d '{{"workspace_id": "{workspace.id}", "external_id": "JIRA-1","""
-                """ "title": "First task"}'""",
+                "kandev-es: try it (lists the workspace's tasks; creates nothing):",
+                f"  curl -s {base}/api/v1/workspaces/{workspace.id}/tasks"
+                f" -H 'Authorization: Bearer {secret}'",
             ]
         ),
         err=True,
@@ -100,3 +101,19 @@ def run_server(
             return create_app(settings)
 
     _Gunicorn().run()
+
+
+@contextlib.contextmanager
+def served_at(settings: Settings, url: str) -> Iterator[None]:
+    """While this server runs, its data dir says where it listens, so the
+    commands run beside it link to it (config.audit_base_url: an audit link
+    names `serve --port`'s port without KANDEV_PUBLIC_URL)."""
+    path = served_url_file(settings)
+    with contextlib.suppress(OSError):  # a read-only data dir still serves
+        path.write_text(url + "\n", encoding="utf-8")
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            if path.read_text(encoding="utf-8").strip() == url:
+                path.unlink()

@@ -2,11 +2,15 @@
 page's quickstart (docs/index.md) is run, in
 order, against a real `kandev-es serve` started as "Run it" starts it (the
 embedded default, the data dir ./.kandev-es of the directory the commands run
-in), with the variables the tour's setup block defines (BASE, TOKEN, WS) set from
-what the server printed. Each command's output is compared line by line with the
+in). As a newcomer does: first the `curl` line the server printed, then every
+command in "another terminal" — a fresh shell that has only what the tour's setup
+block gives it (it activates ./.venv, here the venv running the tests, and exports
+BASE, TOKEN and WS, set to what the server printed); no KANDEV_* variable, no venv
+on PATH. Each command's output is compared line by line with the
 output block shown after it: `…` stands for anything, and ids, times, tokens,
 audit links and the port for their kind. An auditor's-page link a command prints
-must open. So the pages cannot rot.
+must open (KANDEV_PUBLIC_URL unset, while the server runs on a port of its own). So
+the pages cannot rot.
 
 Blocks the test does not run are marked just before the fence:
 ``<!-- run-command -->`` / ``<!-- test-command -->`` (CI runs those),
@@ -16,8 +20,10 @@ BASE, TOKEN and WS). The embedded backend only: it is the one a newcomer runs.
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import urllib.request
@@ -66,11 +72,14 @@ def assert_output(actual: str, expected: str, where: str) -> None:
         )
 
 
-def run_shown(found: list[Block], index: int, env: dict[str, str], cwd: Path, where: str) -> str:
+def run_shown(
+    found: list[Block], index: int, env: dict[str, str], cwd: Path, where: str, setup: str
+) -> str:
     """Run the page's block ``found[index]`` (sh or python) as written and compare
-    what it prints with the ``text`` block right after it; its stdout."""
+    what it prints with the ``text`` block right after it; its stdout. A shell
+    block runs after ``setup`` (the tour's setup block with the server's values)."""
     block = found[index]
-    command = ["bash", "-e", "-o", "pipefail", "-c", block.text]
+    command = ["bash", "-e", "-o", "pipefail", "-c", f"{setup}\n{block.text}"]
     if block.language == "python":
         command = [sys.executable, "-c", block.text]
     done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True,
@@ -82,26 +91,70 @@ def run_shown(found: list[Block], index: int, env: dict[str, str], cwd: Path, wh
     return done.stdout
 
 
-def run_page(page: Path, server: ServedProcess, cwd: Path) -> int:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KANDEV_")}
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    # "Run it" serves on 127.0.0.1:8000, which is KANDEV_PUBLIC_URL's default: the
-    # test's server has another port, so the links it prints name that one.
-    env.update(BASE=server.base, TOKEN=server.token or "", WS=server.workspace_id,
-               KANDEV_PUBLIC_URL=server.base)
-    found = blocks(page)
-    ran = 0
+def fresh_shell() -> dict[str, str]:
+    """What a new terminal has: no KANDEV_* variable, no virtual environment."""
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith("KANDEV_") and key not in ("VIRTUAL_ENV", "PYTHONPATH")
+    }
+    env["PATH"] = os.pathsep.join(
+        part for part in env.get("PATH", "").split(os.pathsep)
+        if not (Path(part) / "activate").is_file()
+    )
+    return env
+
+
+def tour_setup(found: list[Block], page: Path, server: ServedProcess) -> str:
+    """The page's setup block as a newcomer fills it in: its exports given the
+    values the server printed, every other line as written."""
     setups = [block for block in found if block.marker == SETUP]
     assert len(setups) == 1, f"{page.name}: one {SETUP} block"
     assigned = re.findall(r"^export (\w+)=", setups[0].text, flags=re.M)
     assert sorted(assigned) == ["BASE", "TOKEN", "WS"], assigned
+    values = {"BASE": server.base, "TOKEN": server.token or "", "WS": server.workspace_id}
+    return re.sub(
+        r"^export (\w+)=.*$",
+        lambda line: f"export {line[1]}={shlex.quote(values[line[1]])}",
+        setups[0].text,
+        flags=re.M,
+    )
+
+
+def run_printed_curl_line(server: ServedProcess, env: dict[str, str], cwd: Path) -> None:
+    """The curl line `serve` printed, run first as a newcomer does: it creates
+    nothing, so the tour's first create still answers `created`."""
+    [line] = re.findall(r"^\s*(curl .*)$", server.output(), flags=re.M)
+    done = subprocess.run(["bash", "-c", line], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"has_more": False, "items": [], "next_cursor": None}
+
+
+def run_page(page: Path, server: ServedProcess, cwd: Path) -> int:
+    """The tour in a fresh shell after the printed curl line. The server listens
+    on a port of its own, not "Run it"'s 8000 (KANDEV_PUBLIC_URL's default), and
+    the shell has no KANDEV_PUBLIC_URL: the links `identity history` prints must
+    name the server's real port all the same."""
+    env = fresh_shell()
+    # "another terminal" activates ./.venv: here, the environment running the tests
+    assert sys.prefix != sys.base_prefix, "run the tests in a virtual environment (README)"
+    (cwd / ".venv").symlink_to(sys.prefix, target_is_directory=True)
+    run_printed_curl_line(server, env, cwd)
+    found = blocks(page)
+    setup = tour_setup(found, page, server)
+    # A python block is not run through the shell: it gets the setup's variables.
+    python_env = {**env, "BASE": server.base, "TOKEN": server.token or "",
+                  "WS": server.workspace_id}
+    ran = 0
     for index, block in enumerate(found):
         if block.language not in ("sh", "python") or block.marker == SETUP:
             continue
         if block.marker.startswith(SKIPPED):
             continue
         where = f"{page.relative_to(ROOT)}:{block.line}"
-        stdout = run_shown(found, index, env, cwd, where)
+        block_env = python_env if block.language == "python" else env
+        stdout = run_shown(found, index, block_env, cwd, where, setup)
         ran += 1
         for link in AUDIT_LINK.findall(stdout):
             with urllib.request.urlopen(link, timeout=20) as answer:

@@ -7,7 +7,6 @@ it started is stopped at teardown, also when the test fails.
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 import urllib.parse
@@ -23,7 +22,7 @@ from tests.support.errors import without_request_id
 from tests.support.served import Reply, ServedProcess, http
 
 # The curl line src/kandev_es/server.py prints on a first start.
-CURL_RE = re.compile(r"^\s*(curl -s -X POST \S+/api/v1/tasks .*)$", re.M)
+CURL_RE = re.compile(r"^\s*(curl -s \S+/api/v1/workspaces/\S+/tasks .*)$", re.M)
 
 Start = Callable[[], ServedProcess]
 
@@ -82,20 +81,19 @@ def test_first_start_prints_a_working_admin_token_and_curl_line(launch: Start) -
     assert workspace.status == 200, workspace.body
     assert workspace.body["name"] == "default"
 
-    # The printed curl line is a working request: replay it without curl.
+    # The printed curl line is a working request that creates nothing (the
+    # tours' first create must answer `created`): replay it without curl.
     match = CURL_RE.search(server.output())
     assert match is not None
     words = shlex.split(match.group(1))
-    url = words[words.index("-X") + 2]
-    assert url == f"{server.base}/api/v1/tasks"
+    url = words[2]
+    assert url == f"{server.base}/api/v1/workspaces/{server.workspace_id}/tasks"
+    assert "-X" not in words and "-d" not in words
     headers = dict(words[i + 1].split(": ", 1) for i, word in enumerate(words) if word == "-H")
     assert headers["Authorization"] == f"Bearer {server.token}"
-    payload = json.loads(words[words.index("-d") + 1])
-    assert payload["workspace_id"] == server.workspace_id
-    reply = http("POST", url, body=payload, headers=headers)
+    reply = http("GET", url, headers=headers)
     assert reply.status == 200, reply.body
-    assert reply.body["outcome"] == "created"
-    assert reply.body["external_id"] == payload["external_id"]
+    assert reply.body == {"has_more": False, "items": [], "next_cursor": None}
 
 
 def test_created_then_found_settled_over_http(launch_any_backend: Start) -> None:
