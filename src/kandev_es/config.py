@@ -464,6 +464,11 @@ def _webhook_settings(env: Mapping[str, str]) -> dict[str, Any]:
     }
 
 
+def _public_url(env: Mapping[str, str]) -> dict[str, Any]:
+    given = env.get("KANDEV_PUBLIC_URL")
+    return {"public_url": given or Settings.public_url, "public_url_given": bool(given)}
+
+
 def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
     env = os.environ if environ is None else environ
     step_attempts = _int(env, "KANDEV_STEP_ATTEMPTS", Settings.step_attempts)
@@ -497,8 +502,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         log_level=env.get("KANDEV_LOG_LEVEL") or None,
         lease_seconds=_seconds(env, "KANDEV_LEASE_SECONDS", 30.0),
         agent_command=env.get("KANDEV_AGENT_COMMAND") or Settings.agent_command,
-        public_url=env.get("KANDEV_PUBLIC_URL") or Settings.public_url,
-        public_url_given=bool(env.get("KANDEV_PUBLIC_URL")),
+        **_public_url(env),
         # http/gunicorn.conf.py binds to KANDEV_BIND (default 127.0.0.1:8000).
         agent_api_url=bind_url(env.get("KANDEV_BIND") or "127.0.0.1:8000"),
         failpoint=env.get("KANDEV_FAILPOINT") or None,
