@@ -31,12 +31,14 @@ from kandev_es.services.attachments import AttachmentService
 from kandev_es.services.audit_links import AuditLinkService
 from kandev_es.services.auth import TokenService
 from kandev_es.services.creations import CreationStatusService
-from kandev_es.services.ledger import Sequencer, load_signer
+from kandev_es.services.ledger import Sequencer
+from kandev_es.services.ledger_keys import adopt_anchor, ensure_key
 from kandev_es.services.release import ReleaseService
 from kandev_es.services.repositories import RepositoryService
 from kandev_es.services.tasks import TaskService
 from kandev_es.services.workspace_deletion import WorkspaceDeletionService
 from kandev_es.services.workspaces import WorkspaceService
+from kandev_es.storage import ledger as ledger_store
 from kandev_es.storage.attestation import AttestationGuard
 from kandev_es.storage.breaker import StoreBreaker
 from kandev_es.storage.database import Database, PostgresDatabase, SQLiteDatabase
@@ -191,6 +193,8 @@ def _set_up(settings: Settings) -> Durability | None:
         create_tables(database)
         set_up_webhooks(settings, database)  # their tables and the v1a key
         found = durability(database)
+        with database.transaction() as tx:
+            latest = ledger_store.latest_checkpoint(tx)
         app = Tasks(settings.with_overrides(create_tables=True))
         try:
             # Read models a version before inline projections left behind the
@@ -200,7 +204,10 @@ def _set_up(settings: Settings) -> Durability | None:
             app.close()
     finally:
         database.close()
-    load_signer(settings, create=True)  # the checkpoint key, made at first start (mode 0600)
+    # The checkpoint key: checked (mode 0600), made at a deployment's first
+    # start, never silently replaced once checkpoints were signed.
+    ensure_key(settings, signed_before=latest is not None)
+    adopt_anchor(settings, None if latest is None else latest[1])
     return found
 
 

@@ -75,9 +75,12 @@ def audit_checkpoints(after: int, limit: int, oldest: bool, as_json: bool) -> No
 def audit_keyring() -> None:
     """Print the keyring (public key only) for kandev-es-verify and --keyring."""
     from kandev_es.cli_usage import store_settings
-    from kandev_es.services.ledger import keyring_of, load_signer
+    from kandev_es.services.ledger_keys import load_keyring
 
-    click.echo(keyring_of(load_signer(store_settings())).to_json(), nl=False)
+    try:
+        click.echo(load_keyring(store_settings()).to_json(), nl=False)
+    except KandevError as error:
+        raise click.ClickException(error.message) from None
 
 
 @click.command("consistency", short_help="A consistency proof between two signed checkpoints.")
@@ -103,15 +106,17 @@ def verify_ledger_command(
     services: Any, checkpoint: Path | None, keyring: Path | None, as_json: bool
 ) -> bool:
     """``audit verify --ledger``: prints the report; whether it is clean."""
-    from kandev_es.services.ledger import keyring_of, load_signer
     from kandev_es.services.ledger_audit import describe, verify_ledger
+    from kandev_es.services.ledger_keys import load_keyring
 
     try:
         ring = (parse_keyring(keyring.read_text(encoding="utf-8")) if keyring
-                else keyring_of(load_signer(services.settings)))
+                else load_keyring(services.settings))
         outside = checkpoint.read_text(encoding="utf-8") if checkpoint else None
     except (OSError, NoteError) as error:
         raise click.ClickException(str(error)) from None
+    except KandevError as error:
+        raise click.ClickException(error.message) from None
     report = verify_ledger(services.app, services.database, ring, outside)
     click.echo(json.dumps(report.to_dict(), indent=2) if as_json else "\n".join(describe(report)))
     return report.ok
@@ -119,19 +124,72 @@ def verify_ledger_command(
 
 def backfill_ledger() -> str:
     """``db init`` on a store written before the ledger: log every event and
-    sign a checkpoint (the sequencer would, at its own pace)."""
+    sign a checkpoint (the sequencer would, at its own pace). A refusal to
+    sign (services/ledger.py: a rewritten log, a lost key) fails db init loudly."""
+    from kandev_es.errors import LedgerRefused
+    from kandev_es.services.ledger import latest_checkpoint
+
     services = open_store()
     try:
         services.ledger.catch_up()
         services.ledger.fill_chains()
-        from kandev_es.services.ledger import latest_checkpoint
-
         size = latest_checkpoint(services.database).split("\n")[1]
+    except LedgerRefused as error:
+        raise click.ClickException(f"ledger: REFUSED to sign a checkpoint: {error.message}"
+                                   ) from None
+    except KandevError as error:  # an empty store: no checkpoint to name
+        return f"ledger: nothing signed ({error.message})"
     finally:
         services.close()
     return f"ledger: {size} events in the log, checkpoint signed"
 
 
+@click.command("reanchor", short_help="After a real restore: re-anchor the signer (logged).")
+@click.option("--reason", required=True, help="why (the restore's ticket, who asked)")
+@store_options
+def audit_reanchor(reason: str) -> None:
+    """After restoring the database from a backup on purpose, the log no
+    longer extends the last checkpoint this host signed, and the sequencer
+    refuses to sign. This makes the restored log the signer's anchor and
+    prints a signed statement naming the old and the new root (kept beside
+    the key too): publish it with your checkpoints, so auditors see the fork.
+    When the log still extends that checkpoint it says so and changes
+    nothing. Operators only: it needs the signing key's directory. See
+    docs/operations.md, "Restoring the ledger"."""
+    services = open_store()
+    try:
+        statement = services.ledger.reanchor(reason)
+        if statement is None:
+            click.echo("nothing to re-anchor: the log in the database extends the last"
+                       " checkpoint this host signed (or it never signed one)", err=True)
+        else:
+            click.echo(statement, nl=False)
+    except KandevError as error:
+        raise click.ClickException(error.message) from None
+    finally:
+        services.close()
+
+
+@click.command("rotate-key", short_help="Make a new signing key; record its window (logged).")
+@store_options
+def audit_rotate_key() -> None:
+    """A new checkpoint signing key, for a lost or a retired one: the old
+    key's window in the keyring closes at the largest checkpoint signed so
+    far, the new key signs from the next size; the old key file is kept aside
+    as ``<key>.retired-<id>``. Stop the servers first. Prints the keyring:
+    give it to auditors. Operators only (docs/auditing.md, "Keys")."""
+    from kandev_es.services.ledger import rotate_key
+
+    services = open_store()
+    try:
+        click.echo(rotate_key(services.database, services.settings).to_json(), nl=False)
+    except KandevError as error:
+        raise click.ClickException(error.message) from None
+    finally:
+        services.close()
+
+
 def register(audit: click.Group) -> None:
-    for command in (audit_checkpoint, audit_checkpoints, audit_keyring, audit_consistency):
+    for command in (audit_checkpoint, audit_checkpoints, audit_keyring, audit_consistency,
+                    audit_reanchor, audit_rotate_key):
         audit.add_command(command)

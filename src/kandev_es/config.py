@@ -106,9 +106,10 @@ class Settings:
     ledger_checkpoint_seconds: float = 2.0
     ledger_checkpoint_events: int = 1000
     # The checkpoint signing key (made at first start, mode 0600; None: the data
-    # dir's ledger.key) and the log's origin line, used when the key is made.
+    # dir's ledger.key) and the log's origin line, used when the first key is
+    # made (None: kandev-es.local/log/<a random deployment id>, services/ledger_keys.py).
     ledger_key_file: Path | None = None
-    ledger_origin: str = "kandev-es.local/log"
+    ledger_origin: str | None = None
     # Off: saves write no chain hash (the sequencer still chains every event it
     # logs); for measuring what chains cost (scripts/bench), docs/auditing.md.
     ledger_save_chains: bool = True
@@ -428,7 +429,7 @@ def _ledger_settings(env: Mapping[str, str]) -> dict[str, Any]:
         "ledger_checkpoint_seconds": _seconds(env, "KANDEV_LEDGER_CHECKPOINT_SECONDS", 2.0),
         "ledger_checkpoint_events": _int(env, "KANDEV_LEDGER_CHECKPOINT_EVENTS", 1000),
         "ledger_key_file": Path(key_file) if key_file else None,
-        "ledger_origin": env.get("KANDEV_LEDGER_ORIGIN") or Settings.ledger_origin,
+        "ledger_origin": env.get("KANDEV_LEDGER_ORIGIN") or None,
         "ledger_save_chains": _flag(env.get("KANDEV_LEDGER_SAVE_CHAINS"), True),
     }
 

@@ -477,6 +477,24 @@ class UnknownStep(Unavailable):
     code = "unknown_step"
 
 
+class LedgerRefused(Unavailable):
+    """The ledger's sequencer will not sign (docs/auditing.md, "The signer's
+    anchor"): the log in the database is not a consistent extension of the
+    last checkpoint this host signed (kept beside the key), or the signing key
+    that signed it is missing or unreadable. Nothing is signed until an
+    operator re-anchors (``audit reanchor``) or rotates the key (``audit
+    rotate-key``)."""
+
+    code = "ledger_signing_refused"
+
+
+class LedgerKeyUnsafe(Unavailable):
+    """The checkpoint signing key (or its anchor) can be read by the file's
+    group or by others: the server refuses to start with it."""
+
+    code = "ledger_key_unsafe"
+
+
 class InvalidSetting(KandevError):
     """An environment setting that does not parse (KANDEV_POOL_SIZE=abc); the
     CLI reports it as a usage error (exit 2)."""

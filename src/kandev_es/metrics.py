@@ -61,6 +61,8 @@ class Instruments:
     projection_failures: Counter
     recoveries: Counter
     projection_leader: Gauge
+    ledger_refused: Gauge
+    ledger_refusals: Counter
     background_writes: Counter
 
 
@@ -97,6 +99,7 @@ def _make() -> Instruments:
         made.creations.labels(outcome)  # present at 0 before the first create
     made.breaker_open.set(0)
     made.projection_leader.set(0)
+    made.ledger_refused.set(0)
     return made
 
 
@@ -201,6 +204,18 @@ def _store_and_runtime_instruments(registry: CollectorRegistry) -> dict[str, Any
             " that leads, else 0 (summed over live workers).",
             registry=registry, multiprocess_mode="livesum",
         ),
+        "ledger_refused": Gauge(
+            "kandev_ledger_signing_refused",
+            "1 while the ledger's sequencer refuses to sign checkpoints (the log is not a"
+            " consistent extension of the last one it signed, or its key is gone):"
+            " docs/auditing.md. Summed over live workers.",
+            registry=registry, multiprocess_mode="livesum",
+        ),
+        "ledger_refusals": Counter(
+            "kandev_ledger_signing_refusals",
+            "Sequencer passes that refused to sign a due checkpoint.",
+            registry=registry,
+        ),
         "background_writes": Counter(
             "kandev_background_write_transactions",
             "Write transactions committed by background writers, not by a request:"
@@ -282,6 +297,15 @@ def record_recovery(result: str) -> None:
 def record_background_write(writer: str) -> None:
     """A background writer (``projections``, ``ledger``) committed a write."""
     instruments().background_writes.labels(writer).inc()
+
+
+def ledger_signing_refused(refused: bool) -> None:
+    """The ledger's sequencer in this process refuses to sign (or no longer)."""
+    instruments().ledger_refused.set(1 if refused else 0)
+
+
+def record_ledger_refusal() -> None:
+    instruments().ledger_refusals.inc()
 
 
 def projection_leadership(gained: bool) -> None:

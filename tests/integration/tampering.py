@@ -4,6 +4,11 @@ one identity stream and returns the version a verifier must name."""
 
 from __future__ import annotations
 
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
 from kandev_es_client import ledger as chains
 from kandev_es_client import merkle
 
@@ -80,6 +85,43 @@ def rewrite(services, stream) -> int:
         tx.executemany("INSERT INTO ledger_nodes (level, node_index, hash) VALUES (?, ?, ?)",
                        [(lv, ix, h) for (lv, ix), h in tree.nodes.items()])
     return 2
+
+
+@contextmanager
+def in_the_store(services) -> Iterator[Any]:
+    """The attacker's SQL: on SQLite straight into the file (Python's sqlite3,
+    not the application's connections), on PostgreSQL as the tables' owner.
+    ``execute(sql, params)`` with ``?`` placeholders on both."""
+    if services.database.backend == "postgres":
+        with services.database.transaction() as tx:
+            yield tx
+        return
+    connection = sqlite3.connect(services.settings.sqlite_path, timeout=10)
+    try:
+        with connection:
+            yield connection
+    finally:
+        connection.close()
+
+
+def unlog(services, stream, cut: bool = False) -> None:
+    """The issue's attack: edit version 2 (or ``cut`` the stream's last
+    event), set every chain hash to NULL and empty the log, so the next start
+    re-logs the forged history from scratch; what a signer must refuse to sign."""
+    table, key = _where(services, stream)
+    with in_the_store(services) as sql:
+        if cut:
+            sql.execute(f"DELETE FROM {table} WHERE originator_id = ? AND originator_version ="
+                        f" (SELECT max(originator_version) FROM {table} WHERE originator_id = ?)",
+                        (key, key))
+        else:
+            (state,) = next(iter(sql.execute(f"SELECT state FROM {table} WHERE originator_id"
+                                             " = ? AND originator_version = 2", (key,))))
+            sql.execute(f"UPDATE {table} SET state = ? WHERE originator_id = ?"
+                        " AND originator_version = 2", (bytes(state) + b" ", key))
+        sql.execute(f"UPDATE {table} SET chain_hash = NULL")
+        for ledger_table in ("ledger_leaves", "ledger_nodes", "ledger_checkpoints"):
+            sql.execute(f"DELETE FROM {ledger_table}")
 
 
 TAMPERING = {f.__name__: f for f in (edit, delete, swap, cut, drop_stream, rewrite)}

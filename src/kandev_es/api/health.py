@@ -37,7 +37,11 @@ class DurabilitySchema(Schema):
 class ReadinessSchema(Schema):
     """/readyz: 200 when ready, 503 (same body) when not."""
 
-    status = fields.String(required=True, validate=validate.OneOf(["ready", "unready"]))
+    status = fields.String(
+        required=True, validate=validate.OneOf(["ready", "degraded", "unready"]),
+        metadata={"description": "degraded (200): serving, but the ledger's checkpoints are"
+                  " not being signed (`ledger_refused` says why)"},
+    )
     backend = fields.String(required=True, validate=validate.OneOf(["sqlite", "postgres"]))
     schema_attested = fields.Boolean(required=True)
     external_id_traffic = fields.String(
@@ -54,6 +58,11 @@ class ReadinessSchema(Schema):
         metadata={"description": "a projection stopped at an event of a topic this version"
                   " does not know (a newer writer's): why; unready until a version that"
                   " knows it runs"},
+    )
+    ledger_refused = fields.String(
+        metadata={"description": "why the sequencer refuses to sign checkpoints: the log in"
+                  " the database is not a consistent extension of the last checkpoint it"
+                  " signed, or its key is missing (docs/auditing.md)"},
     )
     durability = fields.Nested(
         DurabilitySchema,
@@ -86,7 +95,9 @@ class Readyz(MethodView):
 
         200 when this process can serve creates, else 503 with the same body saying
         which check failed (`store_error`, `schema_problems`); it reports the
-        projections' lag too. A load balancer routes by it. No token needed.
+        projections' lag too. `degraded` (200): serving, but the ledger's
+        checkpoints are not being signed (`ledger_refused`). A load balancer
+        routes by it. No token needed.
         """
         svc = services()
         attestation = svc.attestation.refresh()
@@ -102,6 +113,9 @@ class Readyz(MethodView):
             found = durability(svc.database)
             if found is not None:  # informational: a primary alone still serves
                 report["durability"] = found.as_dict()
+            refused = svc.ledger.health()
+            if refused is not None:
+                report["ledger_refused"] = refused
             store_ok = True
         except Exception as error:  # any storage failure makes us unready
             report["store_error"] = str(error)
@@ -110,7 +124,8 @@ class Readyz(MethodView):
         if stopped:
             report["projections_stopped"] = stopped
         ready = attestation.ok and store_ok and not stopped
-        report["status"] = "ready" if ready else "unready"
+        report["status"] = ("unready" if not ready
+                            else "degraded" if "ledger_refused" in report else "ready")
         return report, 200 if ready else 503
 
 

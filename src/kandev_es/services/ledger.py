@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import logging
-import os
 import threading
 import time
 import uuid
@@ -25,9 +24,9 @@ from kandev_es_client.signed_note import (
     Checkpoint,
     Keyring,
     KeyringEntry,
+    NoteError,
     Signer,
-    generate_signer,
-    parse_skey,
+    parse_checkpoint,
     sign_note,
     split_note,
 )
@@ -41,6 +40,7 @@ from kandev_es.errors import (
     IdentityNotFound,
     InternalError,
     InvalidCheckpointRange,
+    LedgerRefused,
 )
 from kandev_es.projections.leadership import (
     FileLeadership,
@@ -50,6 +50,7 @@ from kandev_es.projections.leadership import (
     lock_path,
 )
 from kandev_es.services import ledger_heads
+from kandev_es.services import ledger_keys as keys
 from kandev_es.storage import ledger as store
 from kandev_es.storage.database import Database, PostgresDatabase, SQLiteDatabase
 
@@ -62,6 +63,10 @@ BATCH = 2000
 # plus this.
 SEQUENCE_SECONDS = 0.5
 RETRY_SECONDS = 1.0
+# A refusing sequencer looks again this often (a re-anchor or a rotated key
+# lets it go on); a process that does not sequence checks this often for /readyz.
+REFUSED_SECONDS = 5.0
+HEALTH_SECONDS = 5.0
 # The sequencer's advisory lock class ("kes2"), apart from the projection leader's.
 LOCK_CLASS = int.from_bytes(b"kes2", "big")
 
@@ -71,22 +76,10 @@ class LedgerBroken(InternalError):
     stream needs is gone): the sequencer stops rather than sign over it."""
 
 
-def load_signer(settings: Settings, create: bool = False) -> Signer:
-    """The checkpoint signing key: a signed-note private key in a file only
-    its owner may read, made at first start (``create``)."""
-    path = settings.ledger_key_path
-    if not path.exists() and create:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        signer = generate_signer(settings.ledger_origin)
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:  # another process made it first: use theirs
-            return parse_skey(path.read_text(encoding="utf-8"))
-        with os.fdopen(fd, "w", encoding="utf-8") as file:
-            file.write(signer.skey() + "\n")
-        log.info("ledger: made the checkpoint key %s (%s)", path, signer.verifier.vkey())
-        return signer
-    return parse_skey(path.read_text(encoding="utf-8"))
+def load_signer(settings: Settings) -> Signer:
+    """The checkpoint signing key (services/ledger_keys.py): LedgerRefused
+    when it is missing, unreadable or readable by others."""
+    return keys.read_signer(keys.key_files(settings))
 
 
 def keyring_of(signer: Signer) -> Keyring:
@@ -119,16 +112,33 @@ class Sequencer:
         self._sequenced = -1
         self._size: int | None = None
         self._signed_size = 0
+        self._files = keys.key_files(settings)
+        self._key_stamp: tuple[int, int] | None = None
+        # Why signing is refused (None: it is not), as the sequencing thread
+        # last found or as health() last checked, and when health() checked.
+        self.refused: str | None = None
+        self._seen: str | None = None
+        self._checked = float("-inf")
 
     @property
     def signer(self) -> Signer:
-        if self._signer is None:
+        """The key as its file is now: read again when the file changed (a
+        rotation), LedgerRefused when it is gone or unreadable."""
+        try:
+            found = self._files.key.stat()
+            stamp = (found.st_ino, found.st_mtime_ns)
+        except OSError:
+            stamp = None
+        if self._signer is None or stamp is None or stamp != self._key_stamp:
+            self._signer = None
             self._signer = load_signer(self.settings)
+            self._key_stamp = stamp
         return self._signer
 
-    def run_once(self) -> int:
+    def run_once(self, sign: bool = True) -> int:
         """Append the settled events not yet in the log, and sign a checkpoint
-        in the same transaction when one is due; the number appended. A pass
+        in the same transaction when one is due (and ``sign``: ``audit
+        reanchor`` appends only); the number appended. A pass
         that finds the head where the last one left the log reads nothing
         more and writes nothing."""
         recorder = cast(Any, self.app.recorder)  # ours, on both backends (storage/)
@@ -146,7 +156,8 @@ class Sequencer:
             if store.tree_head(tx) != (size, after):
                 return 0  # another sequencer moved on meanwhile
             self._append(tx, size, notifications)
-            self._sign_if_due(tx, size + len(notifications))
+            note = self._sign_if_due(tx, size + len(notifications)) if sign else None
+        self._anchored(note)
         metrics.record_background_write("ledger")
         self._size = size + len(notifications)
         full = len(notifications) >= BATCH
@@ -190,12 +201,16 @@ class Sequencer:
         with self.database.transaction() as tx:
             size, _ = store.tree_head(tx)
             note = self._sign_if_due(tx, size, force)
+        self._anchored(note)
         if note is not None:
             metrics.record_background_write("ledger")
         return note
 
     def _sign_if_due(self, tx: Any, size: int, force: bool = False) -> str | None:
-        """In ``tx``: a signed checkpoint of the log at ``size`` if one is due."""
+        """In ``tx``: a signed checkpoint of the log at ``size`` if one is due;
+        LedgerRefused, nothing signed, when the log is not a consistent
+        extension of the anchor (the last checkpoint this host signed) or the
+        key is gone. The caller keeps the note as the anchor once ``tx`` commits."""
         last = store.latest_checkpoint(tx)
         last_size = last[0] if last else -1
         self._size, self._signed_size = size, max(last_size, 0)
@@ -207,15 +222,44 @@ class Sequencer:
             return None
         nodes = store.read_nodes(tx, store.frontier_keys(size))
         root = merkle.root_hash(lambda lv, ix: nodes[(lv, ix)], size)
-        map_root = ledger_heads.advance(tx, self.database.backend, size)
-        if map_root is None:
+        problem = self.anchor_problem(tx, size, root)
+        if problem is not None:
+            raise LedgerRefused(problem)
+        note = self._signed(tx, size, root)
+        if note is None:
             return None  # another signer's map is past this size
-        checkpoint = Checkpoint(self.signer.name, size, root, (heads.extension_line(map_root),))
-        note = sign_note(checkpoint.text(), self.signer)
         store.add_checkpoint(tx, size, note, time.time())
         self._last_signed = time.monotonic()
         self._signed_size = size
         return note
+
+    def _signed(self, tx: Any, size: int, root: bytes) -> str | None:
+        """In ``tx``: the map of stream heads brought to ``size`` and the
+        checkpoint of the log at ``size`` signed with its root (None: another
+        signer's map is past this size)."""
+        map_root = ledger_heads.advance(tx, self.database.backend, size)
+        if map_root is None:
+            return None
+        signer = self.signer
+        checkpoint = Checkpoint(signer.name, size, root, (heads.extension_line(map_root),))
+        return sign_note(checkpoint.text(), signer)
+
+    def anchor_problem(self, tx: Any, size: int, root: bytes) -> str | None:
+        """Why the log at ``size`` with ``root`` (as ``tx`` reads its nodes) is
+        not a consistent extension of the anchor; None when it is (or when
+        this host never signed)."""
+        try:
+            anchor = keys.read_anchor(self._files)
+        except (OSError, UnicodeDecodeError, NoteError) as error:
+            return f"the signer's anchor {self._files.anchor} cannot be read ({error})"
+        if anchor is None:
+            return None
+        return extension_problem(tx, anchor, size, root)
+
+    def _anchored(self, note: str | None) -> None:
+        """After the commit that stored ``note``: it is the new anchor."""
+        if note is not None:
+            keys.write_anchor(self._files, note)
 
     def fill_chains(self) -> None:
         """db init: the events stored before their save wrote chain hashes get them."""
@@ -247,6 +291,11 @@ class Sequencer:
                 try:
                     appended = self.run_once()
                     self.checkpoint_if_due()
+                    self.refusal(None)
+                except LedgerRefused as error:
+                    self.refusal(error.message)
+                    self._stop.wait(REFUSED_SECONDS)
+                    continue
                 except LedgerBroken as error:
                     log.error("ledger: sequencer stopped: %s", error)
                     return
@@ -257,7 +306,80 @@ class Sequencer:
                 if appended < BATCH:
                     self._stop.wait(SEQUENCE_SECONDS)
         finally:
+            if self.refused is not None:  # what health() finds from now on
+                metrics.ledger_signing_refused(False)
+                self.refused = None
             leadership.release()
+
+    def refusal(self, problem: str | None) -> None:
+        """The sequencing thread's finding: signing is refused for
+        ``problem`` (None: it is not). An ERROR line when a refusal starts or
+        changes, a WARNING when it ends; each refused pass is counted."""
+        if problem is not None:
+            metrics.record_ledger_refusal()
+        if problem == self.refused:
+            return
+        if problem is not None:
+            log.error("ledger: REFUSED to sign a checkpoint: %s", problem)
+        else:
+            log.warning("ledger: signing checkpoints again (the refusal ended)")
+        metrics.ledger_signing_refused(problem is not None)
+        self.refused = problem
+
+    def health(self) -> str | None:
+        """Why this deployment's checkpoints are not being signed (/readyz),
+        None when nothing stops them: the sequencing thread's finding, or its
+        own look at the key and at the log against the anchor (a process that
+        does not sequence), at most every HEALTH_SECONDS."""
+        if self.refused is not None:
+            return self.refused
+        if time.monotonic() - self._checked >= HEALTH_SECONDS:
+            self._checked = time.monotonic()
+            self._seen = keys.read_signer_problem(self._files) or self._log_problem()
+        return self._seen
+
+    def _log_problem(self) -> str | None:
+        with self.database.transaction() as tx:
+            size, _ = store.tree_head(tx)
+            nodes = store.read_nodes(tx, store.frontier_keys(size))
+            try:
+                root = merkle.root_hash(lambda lv, ix: nodes[(lv, ix)], size)
+            except KeyError:
+                return "a node of the log's tree is missing: its history was rewritten"
+            return self.anchor_problem(tx, size, root)
+
+    def reanchor(self, reason: str) -> str | None:
+        """``audit reanchor``, after a real restore: the log as the database
+        now holds it (every settled event appended) becomes the anchor, and a
+        signed statement naming the old and the new root says so; it is kept
+        beside the key, logged, and returned for the operator to publish.
+        None, changing nothing, when the log extends the anchor (no fork)."""
+        signer = self.signer
+        anchor = keys.read_anchor(self._files)
+        while self.run_once(sign=False):
+            pass
+        with self.database.transaction() as tx:
+            size, _ = store.tree_head(tx)
+            nodes = store.read_nodes(tx, store.frontier_keys(size))
+            root = merkle.root_hash(lambda lv, ix: nodes[(lv, ix)], size)
+            if anchor is None or self.anchor_problem(tx, size, root) is None:
+                return None
+            note = self._signed(tx, size, root)
+            if note is None:
+                raise LedgerRefused("the database's map of stream heads is past its log:"
+                                    " run `kandev-es audit verify --ledger`")
+            stored = store.checkpoint_at(tx, size)
+            if stored is not None and checkpoint_root(stored) != root:
+                raise LedgerRefused(f"the database's own checkpoint of size {size} does not"
+                                    " match its log: it is not a restore to re-anchor to")
+            if stored is None and size > 0:
+                store.add_checkpoint(tx, size, note, time.time())
+        statement = sign_note(reanchor_text(signer.name, anchor, size, root, reason), signer)
+        keys.append_statement(self._files, statement)
+        keys.write_anchor(self._files, note, force=True)
+        log.warning("ledger: RE-ANCHORED by an operator (%s): from size %d root %s to size %d"
+                    " root %s", reason, anchor.size, _b64(anchor.root), size, _b64(root))
+        return statement
 
     def start_thread(self) -> threading.Thread:
         self._stop.clear()
@@ -267,6 +389,64 @@ class Sequencer:
 
     def stop(self) -> None:
         self._stop.set()
+
+
+def extension_problem(tx: Any, anchor: Checkpoint, size: int, root: bytes) -> str | None:
+    """Why the log at ``size`` with ``root`` does not extend ``anchor``
+    (RFC 9162 consistency, its proof built from the nodes ``tx`` reads)."""
+    where = f"the last checkpoint this host signed (size {anchor.size}, root {_b64(anchor.root)})"
+    if size < anchor.size:
+        return (f"the log in the database holds {size} events, fewer than {where}: it was"
+                " cut, emptied or restored from a backup; if it was restored on purpose,"
+                " see `kandev-es audit reanchor` (docs/operations.md)")
+    if anchor.size == 0:
+        return None
+    old_size = anchor.size
+
+    def make(source: merkle.NodeSource) -> list[bytes]:
+        return merkle.consistency_proof(source, old_size, size)
+
+    try:
+        proof = make(_read_needed(tx, make))
+        merkle.verify_consistency(old_size, size, anchor.root, root, proof)
+    except (KeyError, merkle.ProofError) as error:
+        reason = "a node of the tree is missing" if isinstance(error, KeyError) else error
+        return (f"the log in the database (size {size}, root {_b64(root)}) is not a consistent"
+                f" extension of {where} ({reason}): its history was rewritten or restored"
+                " from a backup; if it was restored on purpose, see `kandev-es audit"
+                " reanchor` (docs/operations.md)")
+    return None
+
+
+def reanchor_text(origin: str, old: Checkpoint, size: int, root: bytes, reason: str) -> str:
+    """A re-anchor statement's note text: not a checkpoint (its second line
+    is no size), so no verifier takes it for one."""
+    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    said = " ".join("".join(c if c.isprintable() else " " for c in reason).split())
+    return (f"{origin}\nkandev-es re-anchor\nold {old.size} {_b64(old.root)}\n"
+            f"new {size} {_b64(root)}\nat {when}\nreason {said or '-'}\n")
+
+
+def checkpoint_root(note: str) -> bytes:
+    return parse_checkpoint(split_note(note)[0]).root
+
+
+def rotate_key(database: Database, settings: Settings) -> Keyring:
+    """``audit rotate-key``: a new key signs from one above the largest
+    checkpoint signed so far (the anchor's, or the store's own); the keyring
+    beside the key records every key's window. Logged."""
+    files = keys.key_files(settings)
+    try:
+        anchor = keys.read_anchor(files)
+    except (OSError, UnicodeDecodeError, NoteError):
+        anchor = None
+    with database.transaction() as tx:
+        latest = store.latest_checkpoint(tx)
+    signed = max(anchor.size if anchor else 0, latest[0] if latest else 0)
+    ring, signer = keys.rotate(settings, signed)
+    log.warning("ledger: KEY ROTATED by an operator: the old key's window ends at size %d,"
+                " %s signs from %d", signed, signer.verifier.vkey(), signed + 1)
+    return ring
 
 
 def _b64(value: bytes) -> str:
@@ -374,8 +554,8 @@ def identity_verification(
     latest checkpoint (its proof bundle checked by the verifier's own code)."""
     try:
         bundle = proof_bundle(app, database, workspace_id, external_id)
-        ring = keyring_of(load_signer(settings))
-    except (CheckpointNotFound, OSError):
+        ring = keys.load_keyring(settings)
+    except (CheckpointNotFound, LedgerRefused, NoteError, OSError):
         return {"state": "unchecked", "summary": "no signed checkpoint yet", "lines": []}
     report = chains.verify_bundle(bundle, ring)
     statuses = [f.status for f in report.findings]

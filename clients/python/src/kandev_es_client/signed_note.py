@@ -252,16 +252,29 @@ class KeyringEntry:
 
 @dataclass(frozen=True)
 class Keyring:
+    """A log's keys, each with its window, and the log's origin: the keyring
+    file's ``origin``, else the keys' one name (a kandev-es key is named after
+    the origin it signs as). A checkpoint of another origin is refused."""
+
     entries: Sequence[KeyringEntry]
+    origin: str | None = None
+
+    @property
+    def expected_origin(self) -> str | None:
+        names = {e.verifier.name for e in self.entries}
+        return self.origin or (names.pop() if len(names) == 1 else None)
 
     def to_json(self) -> str:
-        return json.dumps({"keys": [e.to_dict() for e in self.entries]}, indent=2) + "\n"
+        body: dict[str, object] = {"origin": self.origin} if self.origin else {}
+        body["keys"] = [e.to_dict() for e in self.entries]
+        return json.dumps(body, indent=2) + "\n"
 
     def open_checkpoint(self, note: str, origin: str | None = None) -> Checkpoint:
         """The checkpoint of ``note`` if a key whose window covers its size
-        signed it (and its origin is ``origin``, when given)."""
+        signed it and its origin is ``origin`` (default: the keyring's)."""
         text, _ = split_note(note)
         checkpoint = parse_checkpoint(text)
+        origin = origin or self.expected_origin
         if origin is not None and checkpoint.origin != origin:
             raise NoteError(f"checkpoint origin {checkpoint.origin!r}, expected {origin!r}")
         valid = [e.verifier for e in self.entries if e.covers(checkpoint.size)]
@@ -273,13 +286,17 @@ class Keyring:
 
 
 def parse_keyring(text: str) -> Keyring:
-    """A keyring file: JSON ``{"keys": [{"vkey", "from_size", "until_size"}]}``,
+    """A keyring file: JSON ``{"origin", "keys": [{"vkey", "from_size", "until_size"}]}``
+    (``origin`` optional),
     or plain verifier keys one per line (each valid for every size)."""
     stripped = text.strip()
     if not stripped.startswith("{"):
         return Keyring([KeyringEntry(parse_vkey(line)) for line in stripped.splitlines() if line])
     try:
         raw = json.loads(stripped)
+        origin = raw.get("origin")
+        if origin is not None:
+            _check_name(str(origin))
         return Keyring(
             [
                 KeyringEntry(
@@ -288,7 +305,8 @@ def parse_keyring(text: str) -> Keyring:
                     None if item.get("until_size") is None else int(item["until_size"]),
                 )
                 for item in raw["keys"]
-            ]
+            ],
+            None if origin is None else str(origin),
         )
-    except (ValueError, KeyError, TypeError) as error:
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
         raise NoteError(f"malformed keyring: {error}") from None
