@@ -214,14 +214,28 @@ class NotFound(KandevError):
     code = "not_found"
 
 
+# A refused create's message when a bearer token was sent: the same words for
+# a token unknown, revoked or of another workspace, a workspace that does not
+# exist and one deleted, so the answer discloses nothing (the caller's own
+# credential missing or malformed is said apart: services/auth.py).
+NOT_VALID_FOR_WORKSPACE = (
+    "the bearer token is not valid for the workspace this request names"
+    " (a workspace that does not exist is answered the same)"
+)
+
+
 class TaskNotCreated(NotFound):
-    """Create denied before validation: unknown workspace or wrong token. The body
-    is fixed so a caller cannot learn whether any task exists."""
+    """Create denied before validation: unknown workspace or wrong token. The
+    body is fixed, its message one of a few fixed texts, so a caller cannot
+    learn whether any task or workspace exists."""
 
     code = "task not created"
 
+    def __init__(self, message: str = NOT_VALID_FOR_WORKSPACE) -> None:
+        super().__init__(message)
+
     def to_dict(self) -> dict[str, Any]:
-        return {"error": "task not created"}
+        return {"error": "task not created", "message": self.message}
 
 
 class WorkspaceDeleted(TaskNotCreated):

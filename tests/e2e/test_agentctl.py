@@ -15,6 +15,7 @@ import pytest
 
 from kandev_es.agent.processes import stop_run
 from kandev_es.config import data_path
+from kandev_es.errors import NOT_VALID_FOR_WORKSPACE
 from tests.support.errors import without_request_id
 from tests.support.served import ServedProcess, http, kandev_command
 
@@ -96,7 +97,9 @@ def test_agentctl_with_a_non_run_token_exits_nonzero_with_the_error_json(served)
         KANDEV_API_URL=server.base, KANDEV_RUN_TOKEN=server.token or "", KANDEV_RUN_ID="nope"
     )
     assert result.returncode == 1, result.stderr
-    assert without_request_id(json.loads(result.stdout)) == {"error": "task not created"}
+    assert without_request_id(json.loads(result.stdout)) == {
+        "error": "task not created", "message": NOT_VALID_FOR_WORKSPACE
+    }
 
 
 def test_agentctl_outside_an_agent_names_the_missing_variables():

@@ -18,9 +18,11 @@ from typing import Any
 import pytest
 
 from kandev_es.config import Settings
+from kandev_es.errors import NOT_VALID_FOR_WORKSPACE
 from tests.support.errors import without_request_id
 from tests.support.served import Reply, ServedProcess, http
 
+NOT_CREATED = {"error": "task not created", "message": NOT_VALID_FOR_WORKSPACE}
 # The curl line src/kandev_es/server.py prints on a first start.
 CURL_RE = re.compile(r"^\s*(curl -s \S+/api/v1/workspaces/\S+/tasks .*)$", re.M)
 
@@ -193,10 +195,10 @@ def test_another_workspaces_token_gets_task_not_created(launch: Start) -> None:
     ):
         denied = create(server, foreign, **fields)
         assert denied.status == 404, denied.body
-        assert without_request_id(denied.body) == {"error": "task not created"}
+        assert without_request_id(denied.body) == NOT_CREATED
 
     refused = create(server, "kes_not-a-real-token", external_id="JIRA-1", title="x")
-    assert without_request_id(refused.body) == {"error": "task not created"}
+    assert without_request_id(refused.body) == NOT_CREATED
 
     # The foreign token works in its own workspace; the identity is per workspace.
     own = http(

@@ -47,30 +47,40 @@ def refusals() -> dict[str, tuple[int, str, bytes]]:
     """Each refusal: (status, error code, the request with {id} where its id goes)."""
     return {
         "413": (
-            413, "payload_too_large",
+            413,
+            "payload_too_large",
             b"POST /api/v1/tasks HTTP/1.1\r\nHost: x\r\nX-Request-Id: {id}\r\n"
-            b"Content-Type: application/json\r\nContent-Length: 2000000\r\n\r\n"
-            + b"x" * 2_000_000,
+            b"Content-Type: application/json\r\nContent-Length: 2000000\r\n\r\n" + b"x" * 2_000_000,
         ),
         "414": (
-            414, "request_line_too_long",
-            b"GET /api/v1/tasks?q=" + b"q" * 5000
+            414,
+            "request_line_too_long",
+            b"GET /api/v1/tasks?q="
+            + b"q" * 5000
             + b" HTTP/1.1\r\nHost: x\r\nX-Request-Id: {id}\r\n\r\n",
         ),
         # The id comes after 200 KB of head the front refused at its first 8 KB.
         "414-late-id": (
-            414, "request_line_too_long",
-            b"GET /healthz?q=" + b"q" * 200_000 + b" HTTP/1.1\r\nHost: x\r\n"
-            + b"".join(b"X-H%d: v\r\n" % n for n in range(50)) + b"X-Request-Id: {id}\r\n\r\n",
+            414,
+            "request_line_too_long",
+            b"GET /healthz?q="
+            + b"q" * 200_000
+            + b" HTTP/1.1\r\nHost: x\r\n"
+            + b"".join(b"X-H%d: v\r\n" % n for n in range(50))
+            + b"X-Request-Id: {id}\r\n\r\n",
         ),
         "431": (
-            431, "header_fields_too_large",
-            b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Request-Id: {id}\r\nX-Big: " + b"b" * 20_000
+            431,
+            "header_fields_too_large",
+            b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Request-Id: {id}\r\nX-Big: "
+            + b"b" * 20_000
             + b"\r\n\r\n",
         ),
         "431-fields": (
-            431, "header_fields_too_large",
-            b"GET /healthz HTTP/1.1\r\n" + b"".join(b"X-H%d: v\r\n" % n for n in range(300))
+            431,
+            "header_fields_too_large",
+            b"GET /healthz HTTP/1.1\r\n"
+            + b"".join(b"X-H%d: v\r\n" % n for n in range(300))
             + b"X-Request-Id: {id}\r\n\r\n",
         ),
         "400": (400, "bad_request", b"NOT AN HTTP REQUEST LINE\r\nX-Request-Id: {id}\r\n\r\n"),
@@ -137,7 +147,8 @@ def test_a_malformed_id_on_a_refusal_is_replaced_like_any(served) -> None:
     status, headers, body = exchange(
         served.port,
         b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Request-Id: no spaces allowed\r\nX-Big: "
-        + b"b" * 20_000 + b"\r\n\r\n",
+        + b"b" * 20_000
+        + b"\r\n\r\n",
     )
     assert status == 431, body
     assert headers["x-request-id"] == body["request_id"] != "no spaces allowed", body

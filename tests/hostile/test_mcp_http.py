@@ -19,6 +19,7 @@ import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
+from kandev_es.errors import NOT_VALID_FOR_WORKSPACE
 from tests.support.errors import without_request_id
 from tests.support.mcp_client import call, server_env
 from tests.support.served import ServedMcp
@@ -61,7 +62,9 @@ async def test_each_request_acts_with_its_authorization_header(
     assert created["outcome"] == "created" and created["workspace_id"] == str(workspace.id)
     assert found["outcome"] == "found_settled" and found["id"] == created["id"]
     assert read["external_id"] == "H-1"
-    assert error and without_request_id(body) == {"error": "task not created", "status": 404}
+    assert error and without_request_id(body) == {
+        "error": "task not created", "message": NOT_VALID_FOR_WORKSPACE, "status": 404
+    }
     assert services.app.max_notification_id() == before
 
 

@@ -1,15 +1,24 @@
 """Authorization precedes validation: an unknown workspace or a token of
-another workspace gets 404 {"error": "task not created"} and learns nothing."""
+another workspace gets 404 {"error": "task not created"} and learns nothing.
+Its message says what the caller can know of its own credential (none sent,
+not a bearer token, malformed: with WWW-Authenticate: Bearer when no token was
+sent) and otherwise one text whether or not the workspace exists (issue 46)."""
 
 from __future__ import annotations
 
+import json
+import uuid
+
 import pytest
 
+from kandev_es.errors import NOT_VALID_FOR_WORKSPACE
+from kandev_es.services.auth import MALFORMED_TOKEN, NO_BEARER_TOKEN, NOT_A_BEARER_TOKEN
 from tests.conftest import bearer
 from tests.integration.helpers import create
 from tests.support.errors import without_request_id
 
-NOT_CREATED = {"error": "task not created"}
+NOT_CREATED = {"error": "task not created", "message": NOT_VALID_FOR_WORKSPACE}
+CHALLENGE = 'Bearer realm="kandev-es"'
 
 
 @pytest.fixture
@@ -21,10 +30,13 @@ def other_workspace_secret(services):
 
 def test_create_without_token_is_404_task_not_created(client, services, workspace):
     before = services.app.max_notification_id()
-    answer = client.post(
-        "/api/v1/tasks", json={"workspace_id": str(workspace.id), "title": "t"}
-    )
-    assert answer.status_code == 404 and without_request_id(answer.json) == NOT_CREATED
+    answer = client.post("/api/v1/tasks", json={"workspace_id": str(workspace.id), "title": "t"})
+    assert answer.status_code == 404
+    assert without_request_id(answer.json) == {
+        "error": "task not created",
+        "message": NO_BEARER_TOKEN,
+    }
+    assert answer.headers["WWW-Authenticate"] == CHALLENGE
     assert services.app.max_notification_id() == before
 
 
@@ -70,14 +82,62 @@ def test_unknown_or_malformed_workspace_is_404_task_not_created(client, admin):
         assert answer.status_code == 404 and without_request_id(answer.json) == NOT_CREATED
 
 
-def test_invalid_token_is_denied(client, workspace):
-    for header in ["Bearer kes_wrong", "Bearer ", "Basic abc", "kes_x"]:
-        answer = client.post(
-            "/api/v1/tasks",
-            json={"workspace_id": str(workspace.id), "title": "t"},
-            headers={"Authorization": header},
-        )
-        assert answer.status_code == 404 and without_request_id(answer.json) == NOT_CREATED
+@pytest.mark.parametrize(
+    ("header", "message", "challenged"),
+    [
+        (None, NO_BEARER_TOKEN, True),
+        ("", NO_BEARER_TOKEN, True),
+        ("Bearer ", NO_BEARER_TOKEN, True),
+        ("Basic YWRtaW46YWRtaW4=", NOT_A_BEARER_TOKEN, True),
+        ("kes_x", NOT_A_BEARER_TOKEN, True),
+        ("Bearer not-ours", MALFORMED_TOKEN, False),
+        ("Bearer kes_" + "x" * 300, MALFORMED_TOKEN, False),
+        ("Bearer kes_wrong", NOT_VALID_FOR_WORKSPACE, False),
+    ],
+)
+def test_each_refused_credential_says_what_it_was(
+    header, message, challenged, client, services, workspace
+):
+    before = services.app.max_notification_id()
+    answer = client.post(
+        "/api/v1/tasks",
+        json={"workspace_id": str(workspace.id), "title": "t"},
+        headers={} if header is None else {"Authorization": header},
+    )
+    assert answer.status_code == 404
+    assert without_request_id(answer.json) == {"error": "task not created", "message": message}
+    assert answer.headers.get("WWW-Authenticate") == (CHALLENGE if challenged else None)
+    assert services.app.max_notification_id() == before
+
+
+def test_a_token_naming_an_existing_or_a_missing_workspace_gets_the_same_body(
+    client, services, workspace, admin, other_workspace_secret
+):
+    """Another workspace's id, one that never existed and a deleted one: the
+    same status, body (less the request id) and headers, so nothing tells them
+    apart; a wrong token in the caller's own workspace reads the same."""
+    _, admin_secret = admin
+    gone = services.workspaces.open("gone", "GON")
+    services.workspace_deletion.delete(gone.id, actor="test")
+    answers = {
+        "other workspace's id": create(
+            client, other_workspace_secret, workspace_id=str(workspace.id), title="t"
+        ),
+        "nonexistent workspace": create(
+            client, other_workspace_secret, workspace_id=str(uuid.uuid4()), title="t"
+        ),
+        "deleted workspace": create(client, admin_secret, workspace_id=str(gone.id), title="t"),
+        "admin, nonexistent workspace": create(
+            client, admin_secret, workspace_id=str(uuid.uuid4()), title="t"
+        ),
+        "wrong token": create(client, "kes_" + "w" * 43, workspace_id=str(workspace.id)),
+    }
+    for name, answer in answers.items():
+        assert answer.status_code == 404, name
+        assert without_request_id(answer.json) == NOT_CREATED, name
+        assert "WWW-Authenticate" not in answer.headers, name
+    bodies = {json.dumps(without_request_id(a.json)) for a in answers.values()}
+    assert len(bodies) == 1, bodies
 
 
 def test_admin_token_acts_on_every_workspace(client, services, admin):
@@ -118,8 +178,6 @@ def test_reads_of_another_workspace_are_404(client, workspace, member, other_wor
 
 def test_tokens_are_stored_only_as_hashes(services, workspace):
     secret, principal = services.tokens.issue(workspace_id=workspace.id, admin=False)
-    raw = [
-        n.state for n in services.app.recorder.select_notifications(start=1, limit=10_000)
-    ]
+    raw = [n.state for n in services.app.recorder.select_notifications(start=1, limit=10_000)]
     assert not any(secret.encode() in blob for blob in raw)
     assert services.tokens.authenticate(secret) == principal

@@ -8,6 +8,7 @@ import uuid
 
 import pytest
 
+from kandev_es.errors import NOT_VALID_FOR_WORKSPACE
 from tests.support.errors import without_request_id
 from tests.support.mcp_client import call, mcp_stdio
 
@@ -41,7 +42,7 @@ async def test_token_of_another_workspace_cannot_create_and_writes_nothing(
         )
     assert fresh_error and held_error
     assert without_request_id(fresh) == without_request_id(probe) == {
-        "error": "task not created", "status": 404
+        "error": "task not created", "message": NOT_VALID_FOR_WORKSPACE, "status": 404
     }
     assert services.app.max_notification_id() == before
 
@@ -71,7 +72,9 @@ async def test_missing_or_unknown_token_is_refused_without_writing(
         )
         list_error, listing = await call(client, "list_tasks", workspace_id=str(workspace.id))
     assert create_error, create_error
-    assert without_request_id(create) == {"error": "task not created", "status": 404}
+    assert without_request_id(create) == {
+        "error": "task not created", "message": NOT_VALID_FOR_WORKSPACE, "status": 404
+    }
     assert list_error and without_request_id(listing) == {"error": "task not found", "status": 404}
     assert services.app.max_notification_id() == before
 
@@ -109,7 +112,7 @@ async def test_admin_token_resolves_the_only_workspace_then_needs_one_when_sever
                               start_agent=False)
     assert only["workspace_id"] == str(workspace.id)
     assert ambiguous_error and without_request_id(ambiguous) == {
-        "error": "task not created", "status": 404
+        "error": "task not created", "message": NOT_VALID_FOR_WORKSPACE, "status": 404
     }
     assert explicit["workspace_id"] == str(globex.id)
     # The parent's workspace is used, and its external_id is never inherited.

@@ -9,11 +9,13 @@ import uuid
 import pytest
 
 from kandev_es.domain.token import ApiToken
+from kandev_es.errors import NOT_VALID_FOR_WORKSPACE
+from kandev_es.services.auth import NO_BEARER_TOKEN
 from tests.conftest import bearer
 from tests.integration.runs import AGENTCTL, ROOT, RUN_ID_HEADER
 from tests.support.errors import without_request_id
 
-NOT_CREATED = {"error": "task not created"}
+NOT_CREATED = {"error": "task not created", "message": NOT_VALID_FOR_WORKSPACE}
 BODIES = [{"title": "t", "external_id": "AZ-1"}, {"title": ""}, {"external_id": "bad\x01"}]
 
 
@@ -28,11 +30,11 @@ def paths(run) -> list[str]:
     return [ROOT, f"{ROOT}/{run.task_id}/subtasks", AGENTCTL]
 
 
-def assert_refused(client, services, path, headers, body) -> None:
+def assert_refused(client, services, path, headers, body, refusal=NOT_CREATED) -> None:
     before = services.app.max_notification_id()
     answer = client.post(path, json=body, headers=headers)
     assert answer.status_code == 404, answer.json
-    assert without_request_id(answer.json) == NOT_CREATED
+    assert without_request_id(answer.json) == refusal
     assert services.app.max_notification_id() == before
 
 
@@ -61,8 +63,9 @@ def test_workspace_and_admin_tokens_are_not_run_credentials(
 
 
 def test_no_token_at_all_is_not_created(client, services, run):
+    refusal = {"error": "task not created", "message": NO_BEARER_TOKEN}
     for path in paths(run):
-        assert_refused(client, services, path, {RUN_ID_HEADER: run.run_id}, BODIES[0])
+        assert_refused(client, services, path, {RUN_ID_HEADER: run.run_id}, BODIES[0], refusal)
 
 
 @pytest.mark.parametrize("body", BODIES)

@@ -18,6 +18,7 @@ from tests.integration.runs import AGENTCTL, ROOT
 from tests.support.errors import without_request_id
 
 WAIT_S = 30.0
+UNKNOWN_TOKEN = "kes_" + "0" * 43
 
 
 def off_run_routes(run, workspace_id) -> list[tuple[str, str, dict | None]]:
@@ -35,7 +36,9 @@ def off_run_routes(run, workspace_id) -> list[tuple[str, str, dict | None]]:
 
 def test_a_run_token_is_no_principal_off_the_run_routes(client, services, workspace, run):
     for method, path, body in off_run_routes(run, str(workspace.id)):
-        anonymous = client.open(path, method=method, json=body)
+        # As a token that authenticates nobody (no token at all is told apart:
+        # a refused create says none was sent).
+        anonymous = client.open(path, method=method, json=body, headers=bearer(UNKNOWN_TOKEN))
         before = services.app.max_notification_id()
         for headers in (bearer(run.token), run.headers()):
             answer = client.open(path, method=method, json=body, headers=headers)

@@ -12,6 +12,7 @@ import pytest
 
 from kandev_es.bootstrap import bootstrap
 from kandev_es.domain.principal import Unconfirmed
+from kandev_es.errors import NOT_VALID_FOR_WORKSPACE
 from tests.conftest import bearer
 from tests.support.errors import without_request_id
 from tests.support.served import ServedProcess, http, run_cli
@@ -146,6 +147,8 @@ def test_a_token_revoked_by_another_process_is_refused_on_its_next_create(
     for body in (held, {**held, "external_id": "REV-2"}, {**held, "external_id": "REV\n"}):
         answer = client.post("/api/v1/tasks", json=body, headers=bearer(secret))
         assert answer.status_code == 404, answer.json
-        assert without_request_id(answer.json) == {"error": "task not created"}
+        assert without_request_id(answer.json) == {
+            "error": "task not created", "message": NOT_VALID_FOR_WORKSPACE
+        }
     assert services.app.max_notification_id() == before
     assert services.tokens.authenticate_unconfirmed(secret) is None

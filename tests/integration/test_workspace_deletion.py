@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from kandev_es.domain.external_id import identity_id
 from kandev_es.domain.identity import Identity
+from kandev_es.errors import NOT_VALID_FOR_WORKSPACE
 from tests.conftest import bearer
 from tests.integration.helpers import (
     PausedCreation,
@@ -57,7 +58,9 @@ def test_deleting_a_workspace_clears_identities_then_removes_tasks(
     assert [(e.reason, e.deletion_generation) for e in released] == [("workspace_deleted", 1)]
     refused = create(client, admin_secret, workspace_id=str(workspace.id), title="late")
     assert refused.status_code == 404, refused
-    assert without_request_id(refused.json) == {"error": "task not created"}
+    assert without_request_id(refused.json) == {
+        "error": "task not created", "message": NOT_VALID_FOR_WORKSPACE
+    }
     services.projections.catch_up()
     with services.database.transaction() as tx:
         key = workspace.id if services.database.backend == "postgres" else str(workspace.id)

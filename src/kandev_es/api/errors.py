@@ -8,13 +8,14 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from flask import Flask, jsonify
+from flask import Flask, jsonify, request
 from flask.typing import ResponseReturnValue
 from marshmallow import Schema, fields
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
-from kandev_es.errors import KandevError, PayloadTooLarge, http_status
+from kandev_es.errors import KandevError, PayloadTooLarge, TaskNotCreated, http_status
 from kandev_es.observability.serving import with_request_id
+from kandev_es.services.auth import credential_problem
 
 log = logging.getLogger("kandev_es.api")
 
@@ -37,7 +38,9 @@ ERROR_MEANINGS = {
     403: "operator_required: a member token where the workspace's operator is needed",
     404: (
         "not found, or not yours: an unknown or revoked token, another workspace's "
-        "resource and a missing one get the same answer"
+        "resource and a missing one get the same answer (a refused create's message "
+        "says whether no bearer token was sent, with WWW-Authenticate: Bearer, or it "
+        "was malformed; else one text whether or not the workspace exists)"
     ),
     409: "conflict with the current state (the error code says which)",
     412: "revision_mismatch: If-Match names an older revision of the task",
@@ -55,20 +58,40 @@ def document_errors(blp: Any, *codes: int) -> Callable[[Any], Any]:
 
     def decorate(view: Any) -> Any:
         for code in codes:
-            view = blp.alt_response(
-                code, schema=ApiErrorSchema, description=ERROR_MEANINGS[code]
-            )(view)
+            view = blp.alt_response(code, schema=ApiErrorSchema, description=ERROR_MEANINGS[code])(
+                view
+            )
         return view
 
     return decorate
 
 
+# A refused create that carried no bearer token names the scheme it wants.
+BEARER_CHALLENGE = 'Bearer realm="kandev-es"'
+
+
 def _kandev_error(error: KandevError) -> ResponseReturnValue:
     status = http_status(error)
+    challenge = False
+    if isinstance(error, TaskNotCreated):
+        error, challenge = _as_credential_refusal(error)
     response = jsonify(with_request_id(error.to_dict()))
     if status == 503:
         response.headers["Retry-After"] = "1"
+    if challenge:
+        response.headers["WWW-Authenticate"] = BEARER_CHALLENGE
     return response, status
+
+
+def _as_credential_refusal(error: TaskNotCreated) -> tuple[TaskNotCreated, bool]:
+    """A refused create whose own credential was missing, not a bearer token
+    or malformed says so (services/auth.py: credential_problem), with a
+    challenge when no bearer token was sent; any other keeps its one text."""
+    problem = credential_problem(request.headers.get("Authorization"))
+    if problem is None:
+        return error, False
+    message, token_sent = problem
+    return TaskNotCreated(message), not token_sent
 
 
 def _http_error(error: HTTPException) -> ResponseReturnValue:

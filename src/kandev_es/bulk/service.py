@@ -186,9 +186,9 @@ class BatchService:
         workspace = as_kind(reads.get(run.workspace_id), Workspace)
         if workspace is None or workspace.deleted:
             if indexes.start == 0:
-                raise TaskNotCreated("unknown workspace")  # the whole batch: nothing read
+                raise TaskNotCreated()  # the whole batch: nothing read
             for item in items:
-                refused = TaskNotCreated("unknown workspace")
+                refused = TaskNotCreated()
                 run.results[item.index] = ItemResult(item.index, error=refused)
             return
         run.workspace = workspace

@@ -168,7 +168,7 @@ class CreationDriver:
             # Never complete into a deleted workspace: abort and compensate.
             identity.begin_aborting(number, "workspace_deleted")
             self._app.save_atomically(identity)
-            return WorkspaceDeleted("the workspace was deleted during creation")
+            return WorkspaceDeleted()
         steps = steps_for(tenure.plan)  # the steps it was claimed with
         for step in steps:
             status = tenure.steps.get(step.name, {}).get("status")

@@ -297,10 +297,10 @@ class CreationService:
     @staticmethod
     def _workspace_id(principal: Principal | None, raw_workspace: object) -> uuid.UUID:
         if principal is None:
-            raise TaskNotCreated("not authorized")
+            raise TaskNotCreated()
         workspace_id = requested(principal, raw_workspace)
         if workspace_id is None or not principal.may_act_on(workspace_id):
-            raise TaskNotCreated("not authorized")
+            raise TaskNotCreated()
         return workspace_id
 
     @staticmethod
@@ -313,14 +313,14 @@ class CreationService:
             return None
         confirmed = unconfirmed.confirm(reads[unconfirmed.token_id])
         if confirmed is None:
-            raise TaskNotCreated("not authorized")
+            raise TaskNotCreated()
         return confirmed
 
     @staticmethod
     def _authorized(read: object) -> Workspace:
         workspace = as_kind(read, Workspace)
         if workspace is None or workspace.deleted:
-            raise TaskNotCreated("unknown workspace")
+            raise TaskNotCreated()
         return workspace
 
     def _claim_and_settle(

@@ -21,7 +21,7 @@ def admission_refusal(workspace: Workspace | None, ledger: WipLedger | None) -> 
     """Why a new claim may not be admitted into the workspace as read now, or
     None: it must still accept creates and, under a WIP limit, have a slot."""
     if workspace is None or workspace.deleted:
-        return TaskNotCreated("workspace no longer accepts creates")
+        return TaskNotCreated()
     if workspace.wip_limit is not None:
         in_use = len(ledger.reserved) if ledger is not None else 0
         if in_use >= workspace.wip_limit:

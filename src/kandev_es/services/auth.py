@@ -32,6 +32,36 @@ def bearer_of(authorization: str) -> str | None:
     return (secret.strip() or None) if scheme.lower() == "bearer" else None
 
 
+# Why a refused request's own credential could not be a token at all: said
+# to the caller (it learns only what it sent), unlike a token that is simply
+# not valid for the workspace it names (errors.NOT_VALID_FOR_WORKSPACE).
+NO_BEARER_TOKEN = (
+    "no bearer token was sent: send Authorization: Bearer <token>"
+    " (`kandev-es token create` makes one)"
+)
+NOT_A_BEARER_TOKEN = (
+    "the Authorization header is not a bearer token (only Bearer is accepted):"
+    " send Authorization: Bearer <token>"
+)
+MALFORMED_TOKEN = "the bearer token is malformed: a kandev-es token begins kes_"
+
+
+def credential_problem(authorization: str | None) -> tuple[str, bool] | None:
+    """What is wrong with an ``Authorization`` value before any lookup: the
+    message and whether a bearer token was sent at all (False: the answer
+    carries ``WWW-Authenticate: Bearer``); None when it is a well-formed
+    bearer token (valid or not: that is the store's to say)."""
+    scheme, _, rest = (authorization or "").strip().partition(" ")
+    if not scheme or (scheme.lower() == "bearer" and not rest.strip()):
+        return NO_BEARER_TOKEN, False
+    secret = bearer_of(authorization or "")
+    if secret is None:
+        return NOT_A_BEARER_TOKEN, False
+    if not well_formed(secret, TOKEN_PREFIX):
+        return MALFORMED_TOKEN, True
+    return None
+
+
 DEFAULT_RUN_TOKEN_TTL = 24 * 3600.0
 ISSUED_TOPIC = get_topic(ApiToken.Issued)
 
