@@ -31,6 +31,7 @@ from kandev_es.services.attachments import AttachmentService
 from kandev_es.services.audit_links import AuditLinkService
 from kandev_es.services.auth import TokenService
 from kandev_es.services.creations import CreationStatusService
+from kandev_es.services.fanout import FeedFanout, FeedSource, StreamAccess
 from kandev_es.services.ledger import Sequencer
 from kandev_es.services.ledger_keys import adopt_anchor, ensure_key
 from kandev_es.services.release import ReleaseService
@@ -74,6 +75,8 @@ class Services:
     ledger: Sequencer
     # Subscriptions and their deliverer (webhooks/; docs/webhooks.md).
     webhooks: Webhooks
+    # The process's one feed reader, fanned out to every SSE stream (services/fanout.py).
+    feeds: FeedFanout
 
     def parked(self) -> ParkedCreations:
         """Operators' view and settling of the creations the Runtime parked."""
@@ -97,6 +100,7 @@ class Services:
 
     def close(self) -> None:
         self.webhooks.stop()
+        self.feeds.stop()
         self.ledger.stop()
         self.projections.stop()
         self.database.close()
@@ -274,4 +278,5 @@ def bootstrap(settings: Settings) -> Services:
         audit_links=AuditLinkService(app, settings.audit_link_seconds),
         ledger=Sequencer(app, database, settings),
         webhooks=Webhooks.build(settings, app, database),
+        feeds=FeedFanout(FeedSource(app, database), StreamAccess(app)),
     )

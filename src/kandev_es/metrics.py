@@ -55,6 +55,8 @@ class Instruments:
     steps: Counter
     streams_open: Gauge
     stream_refusals: Counter
+    streams_too_slow: Counter
+    feed_reads: Counter
     breaker_open: Gauge
     breaker_openings: Counter
     pool_waits: Counter
@@ -166,6 +168,16 @@ def _stream_instruments(registry: CollectorRegistry) -> dict[str, Any]:
             "kandev_stream_refusals", "Event streams refused at a cap, by which cap.",
             ["limit"], registry=registry,
         ),
+        "streams_too_slow": Counter(
+            "kandev_streams_too_slow",
+            "Event streams ended for falling too far behind the feed (they resume).",
+            registry=registry,
+        ),
+        "feed_reads": Counter(
+            "kandev_feed_reads",
+            "Reads of the feed by the workers' feed readers, one per process for all streams.",
+            registry=registry,
+        ),
     }
 
 
@@ -270,6 +282,14 @@ def stream_closed() -> None:
 
 def stream_refused(limit: str) -> None:
     instruments().stream_refusals.labels(limit).inc()
+
+
+def stream_too_slow() -> None:
+    instruments().streams_too_slow.inc()
+
+
+def feed_read() -> None:
+    instruments().feed_reads.inc()
 
 
 def record_projection_failure() -> None:

@@ -12,23 +12,67 @@ talks the real wire protocol to a real server through it.
 - ``cut_after(*markers)``: the answer to that message is delivered, then the
   outage starts (``cut()``): the save succeeded, everything after it fails.
 
-Connections must not use TLS (the URL gets ``sslmode=disable``)."""
+Connections must not use TLS (the URL gets ``sslmode=disable``).
+
+``statements()`` counts what the clients asked the server to run: each simple
+query (``Q``) and each execution of an extended-protocol statement (``E``),
+read off the messages going up."""
 
 from __future__ import annotations
 
 import contextlib
 import socket
+import struct
 import threading
+from collections import Counter
 from urllib.parse import urlsplit, urlunsplit
 
 READY_FOR_QUERY = b"Z\x00\x00\x00\x05"
 CHUNK = 65536
 
 
+# Requests sent before the startup message (no type byte): TLS, GSS encryption.
+_PRE_STARTUP = {80877103, 80877104}
+
+
+class _Messages:
+    """The frontend messages of one connection, counted by type as they go by."""
+
+    def __init__(self, counts: Counter[bytes], lock: threading.Lock) -> None:
+        self._counts, self._lock = counts, lock
+        self._buffer = b""
+        self._started = False  # past the startup message: every message has a type byte
+
+    def feed(self, data: bytes) -> None:
+        self._buffer += data
+        while True:
+            header = 4 if not self._started else 5
+            if len(self._buffer) < header:
+                return
+            if not self._started:
+                (length,) = struct.unpack("!I", self._buffer[:4])
+                if len(self._buffer) < 8:
+                    return
+                (code,) = struct.unpack("!I", self._buffer[4:8])
+                self._started = code not in _PRE_STARTUP
+                kind = b""
+            else:
+                kind = self._buffer[:1]
+                (length,) = struct.unpack("!I", self._buffer[1:5])
+                length += 1
+            if len(self._buffer) < length:
+                return
+            self._buffer = self._buffer[length:]
+            if kind:
+                with self._lock:
+                    self._counts[kind] += 1
+
+
 class _Pair:
-    def __init__(self, client: socket.socket, server: socket.socket) -> None:
+    def __init__(self, client: socket.socket, server: socket.socket, messages: _Messages) -> None:
         self.client = client
         self.server = server
+        self.messages = messages
         self.trapped: str | None = None  # "lose" or "cut" once the marker went by
 
     def close(self) -> None:
@@ -49,6 +93,7 @@ class PgProxy:
         self._trap: tuple[tuple[bytes, ...], str] | None = None
         self.sprung = threading.Event()
         self._closed = False
+        self._messages: Counter[bytes] = Counter()
         threading.Thread(target=self._accept, daemon=True).start()
 
     @classmethod
@@ -86,6 +131,12 @@ class PgProxy:
             self.sprung.clear()
             self._trap = (markers, kind)
 
+    # ----- counts --------------------------------------------------------------
+    def statements(self) -> int:
+        """Statements the clients have had the server run so far (``Q`` + ``E``)."""
+        with self._lock:
+            return self._messages[b"Q"] + self._messages[b"E"]
+
     def close(self) -> None:
         self._closed = True
         self.cut()
@@ -108,7 +159,7 @@ class PgProxy:
             except OSError:
                 client.close()
                 continue
-            pair = _Pair(client, server)
+            pair = _Pair(client, server, _Messages(self._messages, self._lock))
             with self._lock:
                 self._pairs.append(pair)
             threading.Thread(target=self._upward, args=(pair,), daemon=True).start()
@@ -118,6 +169,7 @@ class PgProxy:
         """Client to server; arms the pair when the trapped message goes by."""
         try:
             while data := pair.client.recv(CHUNK):
+                pair.messages.feed(data)
                 with self._lock:
                     trap = self._trap
                     if trap is not None and any(marker in data for marker in trap[0]):

@@ -19,10 +19,10 @@ from kandev_es.api.errors import document_errors
 from kandev_es.domain.principal import Principal
 from kandev_es.errors import WorkspaceNotFound
 from kandev_es.limits import MAX_CURSOR, parse_bounded, parse_cursor
+from kandev_es.services.fanout import StreamAccess, Subscription
 from kandev_es.services.feeds import (
     MAX_PAGE,
     MAX_STREAM_SECONDS,
-    EndReason,
     feed_page,
     never_gone,
     sse_stream,
@@ -50,23 +50,6 @@ def _authorized(workspace_id: str) -> tuple[uuid.UUID, Principal]:
 
 def _authorized_workspace(workspace_id: str) -> uuid.UUID:
     return _authorized(workspace_id)[0]
-
-
-def _end_reason(secret: str | None, target: uuid.UUID) -> EndReason:
-    """Asked by an open stream at each batch and heartbeat: the same checks as
-    opening it (``_authorized``), with the token read afresh from the store, so a
-    revocation or a deletion by any process reaches the stream."""
-    found = services()  # the stream runs after the request context is gone
-
-    def reason() -> str | None:
-        who = found.tokens.authenticate(secret)
-        if who is None or not who.may_act_on(target):
-            return "token revoked"
-        if found.workspaces.get(target) is None:
-            return "workspace deleted"
-        return None
-
-    return reason
 
 
 STREAM_SLOTS_KEY = "kandev_es.streams"
@@ -183,18 +166,20 @@ class EventStream(MethodView):
             request.args.get("max_seconds"), "max_seconds", 300, 0, MAX_STREAM_SECONDS
         )
         svc = services()
-        database = svc.database
+        grant = StreamAccess.grant(bearer_secret(), target)
         slots = _slots()
         slots.take(who.token_id)  # 503 stream_limit_reached before the stream starts
+
+        def follow() -> Subscription:  # when the stream starts
+            return svc.feeds.subscribe(target, after, grant)
+
         return Response(
             HeldStream(
                 slots,
                 who.token_id,
                 sse_stream(
-                    database, target, after, max_seconds,
-                    ended=_end_reason(bearer_secret(), target),
-                    settled=svc.app.settled_rows,
-                    head=svc.app.max_notification_id,
+                    follow,
+                    max_seconds,
                     gone=request.environ.get("waitress.client_disconnected", never_gone),
                 ),
             ),

@@ -11,39 +11,28 @@ import json
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kandev_es.errors import StoreUnavailable
 from kandev_es.projections.feeds import feed_source
 from kandev_es.storage.database import Database
-from kandev_es.storage.notifier import SAVES, SaveBell
+
+if TYPE_CHECKING:
+    from kandev_es.services.fanout import Subscription
 
 MAX_PAGE = 1000
 MAX_STREAM_SECONDS = 3600.0
 HEARTBEAT_SECONDS = 5.0
-# While streams are open in a process, how often it looks at the log's head
-# for saves of other processes and nodes (HeadWatch): the most that adds to
-# an event's way to a stream while saves come; after the log has been still,
-# less often (doubling up to WATCH_IDLE_SECONDS: an idle server's open streams
-# cost it some twenty small statements a second). Its own saves wake the
-# streams as they commit.
-WATCH_SECONDS = 0.005
-WATCH_IDLE_SECONDS = 0.05
-
-# Why a stream's caller may no longer read it ("token revoked", "workspace
-# deleted"), or None while it still may: asked afresh of the store.
-EndReason = Callable[[], str | None]
-
-
-def _still_allowed() -> str | None:
-    return None
-
+# How often an open stream wakes at least, to see whether its client has left
+# or the server stops (no statement: the reader feeds it, services/fanout.py).
+WAKE_SECONDS = 0.5
 
 # Whether the stream's client has left (the WSGI server's
 # ``waitress.client_disconnected``): asked each time the stream wakes, at least
-# every ``poll_seconds``, so a client leaving an idle server frees its slot then.
+# every WAKE_SECONDS, so a client leaving an idle server frees its slot then.
 ClientGone = Callable[[], bool]
 
 
@@ -57,9 +46,27 @@ def never_gone() -> bool:
 SERVER_STOPPING = threading.Event()
 
 
+_STOPPED_BY_SERVER: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def on_server_stop(reader: Any) -> None:
+    """``reader.stop()`` is called when this process stops serving."""
+    _STOPPED_BY_SERVER.add(reader)
+
+
 def end_open_streams() -> None:
     SERVER_STOPPING.set()
-    SAVES.ring()  # wakes the streams waiting for a save
+    for reader in list(_STOPPED_BY_SERVER):
+        reader.stop()  # its followers end, and the streams waiting on them
+
+
+class FeedEnded(Exception):
+    """A follower of the feed is ended: ``reason`` says why (a stream's last
+    comment: token revoked, workspace deleted, too slow, server stopping)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -139,146 +146,55 @@ def feed_page(
     }
 
 
-class HeadWatch:
-    """Saves of other processes and nodes, for the open streams of this one:
-    while any is open, one thread reads the head of the log every
-    WATCH_SECONDS while it moves, up to WATCH_IDLE_SECONDS while it is still
-    (one small statement each), and rings the save bell when it moved.
-    This process's own saves ring it as they commit (storage/notifier.py)."""
-
-    def __init__(self, bell: SaveBell = SAVES) -> None:
-        self._bell = bell
-        self._lock = threading.Lock()
-        self._streams = 0
-        self._thread: threading.Thread | None = None
-
-    def join(self, head: Callable[[], int]) -> None:
-        with self._lock:
-            self._streams += 1
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, args=(head,), name="feed-head-watch", daemon=True
-                )
-                self._thread.start()
-
-    def leave(self) -> None:
-        with self._lock:
-            self._streams -= 1
-
-    def running(self, wait: float = 0.0) -> bool:
-        """Whether its thread still runs (after up to ``wait`` for it to end)."""
-        thread = self._thread
-        if thread is not None and wait:
-            thread.join(wait)
-        return thread is not None and thread.is_alive()
-
-    def _run(self, head: Callable[[], int]) -> None:
-        seen: int | None = None
-        pause = WATCH_SECONDS
-        while True:
-            with self._lock:
-                if self._streams <= 0:
-                    self._thread = None
-                    return
-            try:
-                now = head()
-            except Exception:  # the store away, a lost session: the streams' own reads say so
-                SERVER_STOPPING.wait(1.0)
-                continue
-            if seen is not None and now != seen:
-                self._bell.ring()
-                pause = WATCH_SECONDS
-            else:  # a still log: look less often, up to WATCH_IDLE_SECONDS
-                pause = min(pause * 2, WATCH_IDLE_SECONDS)
-            seen = now
-            SERVER_STOPPING.wait(pause)
-
-
-HEAD_WATCH = HeadWatch()  # one per process
-
-
 def sse_stream(
-    database: Database,
-    workspace_id: uuid.UUID,
-    after: int,
+    follow: Callable[[], Subscription],
     max_seconds: float,
-    poll_seconds: float = 0.5,
-    ended: EndReason = _still_allowed,
-    settled: SettledRows = _everything_visible,
-    head: Callable[[], int] | None = None,
     gone: ClientGone = never_gone,
-) -> Iterator[str]:
+) -> Iterator[bytes]:
     """Server-Sent Events: ``id`` is the feed cursor, so a client reconnecting
     with ``Last-Event-ID`` resumes right after the last event it saw. The stream
     ends after ``max_seconds`` (clients reconnect) or when the store is lost.
 
-    Events are pushed as they commit: the stream reads again as soon as a
-    save of this process commits, or ``HEAD_WATCH`` sees the log's ``head``
-    move (another process's or node's save), and at least every
-    ``poll_seconds``.
-
-    ``ended`` is asked before each batch of events is sent and at least every
-    ``HEARTBEAT_SECONDS``: once it names a reason (the token was revoked, the
-    workspace deleted) the stream says so in a last comment and ends, so a
-    revocation reaches an open stream within one heartbeat, and no event read
-    after it is sent. Once the server stops (``end_open_streams``), it says
-    so and ends at once; once its client has left (``gone``), it ends without
-    a word."""
-    if head is not None:
-        HEAD_WATCH.join(head)
+    The events come from ``follow()``, a follower of the process's feed reader
+    (services/fanout.py), made when the stream starts: it catches up on its own
+    reads, then gets each event as the reader hands it out, as its save commits,
+    the same frame bytes every stream of the workspace gets. Once its token is
+    revoked or its workspace deleted (asked at each batch the reader reads and
+    at least every HEARTBEAT_SECONDS), or it falls too far behind, the stream
+    says why in a last comment and ends; no event read after a revocation is
+    sent. Once the server stops (``end_open_streams``), it says so and ends at
+    once; once its client has left (``gone``, asked at least every
+    WAKE_SECONDS), it ends without a word."""
+    yield b"retry: 1000\n\n"
+    follower = follow()
     try:
-        yield from _events(
-            database, workspace_id, after, max_seconds, poll_seconds, ended, settled, gone
-        )
+        yield from _frames(follower, max_seconds, gone)
     finally:
-        if head is not None:
-            HEAD_WATCH.leave()
+        follower.close()
 
 
-def _events(
-    database: Database,
-    workspace_id: uuid.UUID,
-    after: int,
-    max_seconds: float,
-    poll_seconds: float,
-    ended: EndReason,
-    settled: SettledRows,
-    gone: ClientGone,
-) -> Iterator[str]:
-    deadline = time.monotonic() + max_seconds
-    beat = checked = time.monotonic()
-    cursor = after
-    yield "retry: 1000\n\n"
+def _frames(follower: Subscription, max_seconds: float, gone: ClientGone) -> Iterator[bytes]:
+    deadline = beat = time.monotonic()
+    deadline += max_seconds
     while True:
         if SERVER_STOPPING.is_set():
-            yield ": stream closed: server stopping\n\n"
+            yield b": stream closed: server stopping\n\n"
             return
         if gone():
             return
-        rung = SAVES.rung  # before the read: a save during it rings again
-        try:
-            items = read_feed(database, workspace_id, cursor, 100, settled)
-            now = time.monotonic()
-            if items or now - checked >= HEARTBEAT_SECONDS:
-                checked = now
-                reason = ended()
-                if reason is not None:
-                    yield f": stream closed: {reason}\n\n"
-                    return
-        except StoreUnavailable:
-            return
-        for item in items:
-            cursor = item.position
-            yield (
-                f"id: {item.position}\nevent: {item.envelope['type']}\n"
-                f"data: {json.dumps(item.envelope)}\n\n"
-            )
-        if len(items) == 100:
-            continue
         now = time.monotonic()
-        if now >= deadline:
+        if follower.caught_up and now >= deadline:
             return
         if now - beat >= HEARTBEAT_SECONDS:
             beat = now
-            yield ": keepalive\n\n"
-        SAVES.wait(rung, min(poll_seconds, deadline - now))
+            yield b": keepalive\n\n"
+        wait = max(0.0, min(WAKE_SECONDS, deadline - now, beat + HEARTBEAT_SECONDS - now))
+        try:
+            events = follower.take(wait)
+        except FeedEnded as ended:
+            yield f": stream closed: {ended.reason}\n\n".encode()
+            return
+        except StoreUnavailable:
+            return
+        if events:
+            yield b"".join(event.frame for event in events)

@@ -53,11 +53,11 @@ class HeldStream:
     which the WSGI server calls even when the stream never started (a
     generator's ``finally`` would not run then, leaking the slot)."""
 
-    def __init__(self, slots: StreamSlots, token_id: uuid.UUID, body: Iterator[str]) -> None:
+    def __init__(self, slots: StreamSlots, token_id: uuid.UUID, body: Iterator[bytes]) -> None:
         self._slots, self._token_id, self._body = slots, token_id, body
         self._closed = False
 
-    def __iter__(self) -> Iterator[str]:
+    def __iter__(self) -> Iterator[bytes]:
         return self._body
 
     def close(self) -> None:
