@@ -113,6 +113,9 @@ class Settings:
     # Off: saves write no chain hash (the sequencer still chains every event it
     # logs); for measuring what chains cost (scripts/bench), docs/auditing.md.
     ledger_save_chains: bool = True
+    # C2SP tlog-witnesses the sequencer asks to cosign each checkpoint it signs
+    # (their URL prefixes; docs/auditing.md, "Witnesses").
+    ledger_witness_urls: tuple[str, ...] = ()
     # The interactive API page at /api/docs (api/api_docs.py); off: 404 there.
     api_docs: bool = True
     # Webhooks (docs/webhooks.md): plain http allowed (tests, a trusted network);
@@ -431,6 +434,7 @@ def _ledger_settings(env: Mapping[str, str]) -> dict[str, Any]:
         "ledger_key_file": Path(key_file) if key_file else None,
         "ledger_origin": env.get("KANDEV_LEDGER_ORIGIN") or None,
         "ledger_save_chains": _flag(env.get("KANDEV_LEDGER_SAVE_CHAINS"), True),
+        "ledger_witness_urls": _witness_urls(env.get("KANDEV_LEDGER_WITNESS_URLS") or ""),
     }
 
 
@@ -468,6 +472,17 @@ def _webhook_settings(env: Mapping[str, str]) -> dict[str, Any]:
 def _public_url(env: Mapping[str, str]) -> dict[str, Any]:
     given = env.get("KANDEV_PUBLIC_URL")
     return {"public_url": given or Settings.public_url, "public_url_given": bool(given)}
+
+
+def _witness_urls(raw: str) -> tuple[str, ...]:
+    urls = tuple(url.strip().rstrip("/") for url in raw.split(",") if url.strip())
+    for url in urls:
+        if not url.startswith(("http://", "https://")):
+            raise InvalidSetting(f"KANDEV_LEDGER_WITNESS_URLS: {_shown(url)} is not an http(s) URL")
+    if len(urls) > 15:
+        raise InvalidSetting("KANDEV_LEDGER_WITNESS_URLS: at most 15 witnesses (a note holds 16"
+                             " signatures)")
+    return urls
 
 
 def load_settings(environ: Mapping[str, str] | None = None) -> Settings:

@@ -51,6 +51,7 @@ from kandev_es.projections.leadership import (
 )
 from kandev_es.services import ledger_heads
 from kandev_es.services import ledger_keys as keys
+from kandev_es.services.ledger_witness import Witnesses
 from kandev_es.storage import ledger as store
 from kandev_es.storage.database import Database, PostgresDatabase, SQLiteDatabase
 
@@ -119,6 +120,7 @@ class Sequencer:
         self.refused: str | None = None
         self._seen: str | None = None
         self._checked = float("-inf")
+        self.witnesses = Witnesses(settings.ledger_witness_urls)
 
     @property
     def signer(self) -> Signer:
@@ -257,9 +259,29 @@ class Sequencer:
         return extension_problem(tx, anchor, size, root)
 
     def _anchored(self, note: str | None) -> None:
-        """After the commit that stored ``note``: it is the new anchor."""
+        """After the commit that stored ``note``: it is the new anchor, and
+        the witnesses are asked to cosign it."""
         if note is not None:
             keys.write_anchor(self._files, note)
+            self._witnessed(note)
+
+    def _witnessed(self, note: str) -> None:
+        """The witnesses' cosignatures of ``note``, added to its stored copy:
+        asked outside any transaction (a witness may take seconds; an open
+        transaction would hold every settled reader of the cluster meanwhile),
+        the proof read in a short one of its own."""
+        if not self.witnesses.urls:
+            return
+        size = parse_checkpoint(split_note(note)[0]).size
+
+        def prove(old_size: int) -> list[bytes]:
+            with self.database.transaction() as tx:
+                return consistency_hashes(tx, old_size, size)
+
+        cosigned = self.witnesses.cosign(note, size, prove)
+        if cosigned != note:
+            with self.database.transaction() as tx:
+                store.replace_note(tx, size, note, cosigned)
 
     def fill_chains(self) -> None:
         """db init: the events stored before their save wrote chain hashes get them."""
@@ -577,6 +599,16 @@ def latest_checkpoint(database: Database) -> str:
     if latest is None:
         raise CheckpointNotFound("no checkpoint signed yet: the ledger has not caught up")
     return latest[1]
+
+
+def consistency_hashes(tx: Any, old_size: int, new_size: int) -> list[bytes]:
+    """An RFC 9162 consistency proof between two sizes of the log, from the
+    nodes ``tx`` reads."""
+
+    def make(source: merkle.NodeSource) -> list[bytes]:
+        return merkle.consistency_proof(source, old_size, new_size)
+
+    return make(_read_needed(tx, make))
 
 
 def signed_checkpoints(

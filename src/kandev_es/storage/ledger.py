@@ -215,6 +215,12 @@ def checkpoints_page(
     return sorted(found)
 
 
+def replace_note(tx: Transaction, size: int, note: str, cosigned: str) -> None:
+    """The checkpoint of ``size`` with its witnesses' cosignatures added."""
+    tx.execute("UPDATE ledger_checkpoints SET note = ? WHERE tree_size = ? AND note = ?",
+               (cosigned, size, note))
+
+
 def add_checkpoint(tx: Transaction, size: int, note: str, signed_at: float) -> None:
     tx.execute(
         "INSERT INTO ledger_checkpoints (tree_size, note, signed_at) VALUES (?, ?, ?)",

@@ -6,11 +6,17 @@ the checkpoints the auditor kept (``--checkpoint``, as many as held).
     kandev-es-verify bundle BUNDLE.json --keyring KEYRING [--checkpoint MINE ...]
     kandev-es-verify consistency PROOF.json --keyring KEYRING
     kandev-es-verify checkpoint CHECKPOINT --keyring KEYRING
+        [--witness-key VKEY ... --witnesses-required K]
+    kandev-es-verify witness keygen|serve ...     (kandev_es_client.witness)
 
 With ``--checkpoint``, a bundle must prove that its checkpoint extends each
 of yours (it carries a consistency proof from your size: ``kandev-es identity
 history --proof --consistency-from SIZE``), so no event your checkpoint
-covers can be passed off as pending or as another history.
+covers can be passed off as pending or as another history. With
+``--witness-key`` (a witness's cosigner vkey, repeatable), the checkpoint must
+carry cosignatures of at least ``--witnesses-required`` of them (default: all):
+witnesses cosign only checkpoints consistent with what they cosigned before,
+so a split view (another history shown to you) lacks them.
 
 Exit status 0: verified; 1: something failed (the report says which event and
 why); 2: the files could not be read, or are not what the command reads.
@@ -32,6 +38,7 @@ try:
     from kandev_es_client.ledger import verify_bundle, verify_consistency_bundle
     from kandev_es_client.merkle import ProofError
     from kandev_es_client.signed_note import Checkpoint, Keyring, NoteError, parse_keyring
+    from kandev_es_client.witness import cosigners_of, parse_cosigner_vkey
 except ModuleNotFoundError as missing:  # the plain client install: httpx only
     if missing.name != "cryptography":
         raise
@@ -64,7 +71,36 @@ def _parser() -> argparse.ArgumentParser:
                         metavar="FILE",
                         help="a checkpoint you kept (repeatable): the bundle must prove it"
                         " extends each")
+    parser.add_argument("--witness-key", dest="witness_keys", action="append", default=[],
+                        metavar="VKEY", help="a witness's cosigner key (repeatable)")
+    parser.add_argument("--witnesses-required", type=int, metavar="K",
+                        help="how many of the --witness-key witnesses must have cosigned"
+                        " (default: all)")
     return parser
+
+
+def _witness_keys(given: Sequence[str]) -> list[Any]:
+    try:
+        return [parse_cosigner_vkey(vkey) for vkey in given]
+    except NoteError as error:
+        raise InputError(f"--witness-key: {error}") from None
+
+
+def _witnessed(note: str, args: argparse.Namespace) -> tuple[str, bool] | None:
+    """Whether enough of the given witnesses cosigned the checkpoint of ``note``."""
+    if not args.witness_keys:
+        return None
+    keys = _witness_keys(args.witness_keys)
+    required = len(keys) if args.witnesses_required is None else args.witnesses_required
+    if not 1 <= required <= len(keys):
+        raise InputError(f"--witnesses-required must be from 1 to {len(keys)}")
+    found = cosigners_of(note, keys)
+    named = ", ".join(sorted(found)) or "none"
+    line = f"witnesses: {len(found)} of {len(keys)} cosigned this checkpoint ({named})"
+    if len(found) < required:
+        return (f"{line}: FAILED: {required} required (a checkpoint no witness saw may be"
+                " a split view: ask again once the witnesses have cosigned)"), False
+    return f"{line}: OK", True
 
 
 def _refuse_constant(name: str) -> Any:
@@ -109,12 +145,17 @@ def _held(paths: Sequence[Path], keyring: Keyring, origin: str | None) -> list[C
 def _run(
     kind: str, path: Path, keyring: Keyring, args: argparse.Namespace
 ) -> tuple[bool, list[str]]:
+    _witness_keys(args.witness_keys)  # a bad key is the caller's mistake, said first
     text = _read(path)
     if kind == "checkpoint":
         if not text.strip():
             raise InputError(f"{path} is empty: expected {WHAT[kind]}")
         checkpoint = keyring.open_checkpoint(text, args.origin)
-        return True, [f"checkpoint {checkpoint.origin} size {checkpoint.size}: signature OK"]
+        lines = [f"checkpoint {checkpoint.origin} size {checkpoint.size}: signature OK"]
+        witnessed = _witnessed(text, args)
+        if witnessed:
+            lines.append(witnessed[0])
+        return witnessed is None or witnessed[1], lines
     document = load_json(text, str(path), kind)
     if not isinstance(document, dict):
         raise InputError(f"{path} is not {WHAT[kind]}: it is not a JSON object")
@@ -123,11 +164,20 @@ def _run(
         return True, [f"{old.origin}: size {new.size} extends size {old.size}: OK"]
     held = _held(args.held, keyring, args.origin)
     report = verify_bundle(document, keyring, args.origin, held)
+    if report.checkpoint is not None:
+        witnessed = _witnessed(str(document.get("checkpoint")), args)
+        if witnessed:
+            report.held.append(witnessed)
     return report.ok, report.lines()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    given = list(sys.argv[1:] if argv is None else argv)
+    if given[:1] == ["witness"]:
+        from kandev_es_client.witness import main as witness_main
+
+        return witness_main(given[1:])
+    args = _parser().parse_args(given)
     try:
         keyring = parse_keyring(_read(args.keyring))
     except (OSError, InputError, NoteError) as error:

@@ -1,0 +1,76 @@
+"""The log's side of C2SP tlog-witness (docs/auditing.md, "Witnesses"): the
+sequencer, having signed a checkpoint, asks each configured witness
+(``KANDEV_LEDGER_WITNESS_URLS``) to cosign it, with a consistency proof from
+the size that witness last cosigned, and stores the checkpoint with the
+cosignature lines it got. A witness that is down or refuses is logged and
+skipped (for RETRY_SECONDS); the checkpoint is signed all the same, and a
+verifier that requires that witness then refuses it.
+
+The calls are made after the signing transaction commits, outside any
+transaction, each bounded by TIMEOUT_SECONDS; the checkpoint's stored note then
+gets the cosignature lines."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+import httpx
+from kandev_es_client.signed_note import NoteError, split_note
+from kandev_es_client.witness import SIZE_TYPE, add_checkpoint_body
+
+log = logging.getLogger("kandev_es.ledger")
+TIMEOUT_SECONDS = 2.0
+RETRY_SECONDS = 30.0
+MAX_ANSWER = 4096
+
+
+class WitnessRefused(Exception):
+    """A witness that did not cosign: why, in words."""
+
+
+class Witnesses:
+    def __init__(self, urls: Sequence[str]) -> None:
+        self.urls = tuple(urls)
+        self._last: dict[str, int] = {}  # the size each witness last cosigned, as learnt
+        self._retry_at: dict[str, float] = {}
+
+    def cosign(self, note: str, size: int, prove: Callable[[int], list[bytes]]) -> str:
+        """``note`` with the cosignature lines of every witness that cosigned it."""
+        lines = []
+        for url in self.urls:
+            if time.monotonic() < self._retry_at.get(url, 0.0):
+                continue
+            try:
+                lines.append(self._ask(url, note, size, prove))
+            except (httpx.HTTPError, WitnessRefused, NoteError, ValueError) as error:
+                log.warning("ledger: witness %s did not cosign the checkpoint of size %d: %s"
+                            " (asked again in %.0f s)", url, size, error, RETRY_SECONDS)
+                self._retry_at[url] = time.monotonic() + RETRY_SECONDS
+        return note + "".join(lines)
+
+    def _ask(self, url: str, note: str, size: int, prove: Callable[[int], list[bytes]]) -> str:
+        old = self._last.get(url, 0)
+        for _ in range(2):  # the second time with the size a 409 named
+            proof = prove(old) if 0 < old < size else []
+            answer = httpx.post(f"{url}/add-checkpoint", timeout=TIMEOUT_SECONDS,
+                                content=add_checkpoint_body(old, proof, note).encode())
+            text = answer.text[:MAX_ANSWER]
+            if answer.status_code == 409 and answer.headers.get(
+                    "content-type", "").startswith(SIZE_TYPE):
+                seen = int(text.strip())
+                if seen > size:
+                    raise WitnessRefused(
+                        f"it cosigned size {seen}, and this log is at {size}: the log was cut"
+                        " or forked (a restore?) since it last asked")
+                if seen == old:
+                    raise WitnessRefused(f"it cosigned another root at size {seen}: a fork")
+                old = seen
+                continue
+            if answer.status_code != 200:
+                raise WitnessRefused(f"HTTP {answer.status_code}: {text.strip()[:200]}")
+            split_note(note + text)  # signature lines, at most 16 in all
+            self._last[url] = size
+            return text
+        raise WitnessRefused("it kept answering 409")

@@ -1,0 +1,114 @@
+"""The witness (kandev_es_client.witness, c2sp.org/tlog-witness and
+tlog-cosignature): cosignature/v1 lines that verify with the witness's key
+only, and the add-checkpoint rules — it cosigns a checkpoint only when the
+log's key signed it and it extends the last one it cosigned, keeping that in
+its own state file, and answers every other case with the spec's status."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+
+import pytest
+from kandev_es_client import merkle, witness
+from kandev_es_client import signed_note as sn
+
+ORIGIN = "witness.test/log"
+
+
+class Log:
+    def __init__(self, leaves: int = 20, salt: bytes = b"") -> None:
+        self.signer = sn.generate_signer(ORIGIN)
+        self.keyring = sn.Keyring([sn.KeyringEntry(self.signer.verifier)])
+        self.tree = merkle.MemoryTree()
+        for i in range(leaves):
+            self.tree.append(hashlib.sha256(salt + bytes([i])).digest())
+
+    def note(self, size: int, signer: sn.Signer | None = None) -> str:
+        text = sn.Checkpoint(ORIGIN, size, self.tree.root(size), ("ext line",)).text()
+        return sn.sign_note(text, signer or self.signer)
+
+    def body(self, old: int, size: int, proof: list[bytes] | None = None) -> str:
+        if proof is None:
+            proof = merkle.consistency_proof(self.tree.node, old, size) if 0 < old < size else []
+        return witness.add_checkpoint_body(old, proof, self.note(size))
+
+
+def make_witness(tmp_path, log: Log) -> witness.Witness:
+    cosigner = witness.generate_cosigner("witness.test/w1")
+    return witness.Witness(cosigner, tmp_path / "state.json",
+                           [witness.TrustedLog(ORIGIN, log.keyring)])
+
+
+def refused(call) -> witness.Refused:
+    with pytest.raises(witness.Refused) as caught:
+        call()
+    return caught.value
+
+
+def test_a_cosignature_verifies_with_the_witness_key_over_the_whole_checkpoint():
+    cosigner = witness.generate_cosigner("witness.test/w1")
+    key = witness.parse_cosigner_vkey(cosigner.key.vkey())
+    assert key == cosigner.key
+    assert witness.parse_cosigner_skey(cosigner.skey()) == cosigner
+    # The key id is over type 0x04 (a cosigner), not 0x01 (a note signer).
+    assert key.key_id == hashlib.sha256(
+        b"witness.test/w1\n\x04" + key.public_key).digest()[:4]
+    assert key.key_id != sn.key_id("witness.test/w1", key.public_key)
+    log = Log()
+    note = log.note(5)
+    line = cosigner.cosign(sn.split_note(note)[0], timestamp=1_700_000_000)
+    blob = base64.b64decode(line.split(" ")[2])
+    assert len(blob) == 4 + 8 + 64 and int.from_bytes(blob[4:12], "big") == 1_700_000_000
+    assert witness.cosigners_of(note + line, [key]) == {"witness.test/w1": 1_700_000_000}
+    other = witness.generate_cosigner("witness.test/w1").key
+    assert witness.cosigners_of(note + line, [other]) == {}
+    changed = note.replace("ext line", "ext lime")  # the extension line is signed too
+    assert witness.cosigners_of(changed + line, [key]) == {}
+
+
+def test_the_witness_cosigns_only_consistent_extensions_and_keeps_its_state(tmp_path):
+    log = Log()
+    first = make_witness(tmp_path, log)
+    line = first.add_checkpoint(log.body(0, 5))
+    assert witness.cosigners_of(log.note(5) + line, [first.cosigner.key])
+    assert json.loads((tmp_path / "state.json").read_text())["logs"][ORIGIN]["size"] == 5
+    again = witness.Witness(first.cosigner, tmp_path / "state.json", list(first.logs.values()))
+    stale = refused(lambda: again.add_checkpoint(log.body(0, 9)))
+    assert (stale.status, stale.message, stale.content_type) == (409, "5\n", witness.SIZE_TYPE)
+    again.add_checkpoint(log.body(5, 9))
+    again.add_checkpoint(log.body(9, 9))  # the same checkpoint again: cosigned again
+    assert again.last(ORIGIN)[0] == 9
+
+
+def test_a_split_view_gets_no_cosignature(tmp_path):
+    """The log's key signs two histories: the witness cosigns the one it saw
+    first and refuses the other, at the same size or a larger one."""
+    log = Log()
+    w = make_witness(tmp_path, log)
+    w.add_checkpoint(log.body(0, 9))
+    fork = Log(salt=b"fork")
+    fork.signer, fork.keyring = log.signer, log.keyring
+    same = refused(lambda: w.add_checkpoint(fork.body(9, 9)))
+    assert (same.status, same.message) == (409, "9\n")
+    larger = refused(lambda: w.add_checkpoint(fork.body(9, 12)))
+    assert larger.status == 422 and "not consistent with size 9" in larger.message
+    assert w.last(ORIGIN) == (9, log.tree.root(9))
+
+
+@pytest.mark.parametrize("make_body, status", [
+    (lambda log: log.body(0, 5).replace(ORIGIN, "other.test/log"), 404),
+    (lambda log: witness.add_checkpoint_body(
+        0, [], log.note(5, sn.generate_signer(ORIGIN))), 403),
+    (lambda log: log.body(7, 5, []), 400),
+    (lambda log: log.body(0, 5)[4:], 400),
+    (lambda log: log.body(0, 5, [bytes(32)] * 64), 400),
+    (lambda log: log.body(0, 5, [bytes(32)]), 422),
+    (lambda log: "old 0\n\nnot a note\n", 400),
+])
+def test_each_bad_request_gets_its_status(tmp_path, make_body, status):
+    log = Log()
+    w = make_witness(tmp_path, log)
+    assert refused(lambda: w.add_checkpoint(make_body(log))).status == status
+    assert not (tmp_path / "state.json").exists()  # nothing recorded
