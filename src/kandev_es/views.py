@@ -33,12 +33,15 @@ class TaskSchema(Schema):
     workspace_id = fields.UUID(required=True)
     identifier = fields.String(required=True, metadata={"example": "KAN-42"})
     external_id = fields.String(
-        metadata={"description": "present only while the task holds an external ID"}
+        metadata={
+            "description": "present only while the task holds an external ID",
+            "example": "JIRA-1",
+        }
     )
-    title = fields.String(required=True)
-    description = fields.String(required=True)
-    workflow = fields.String(required=True)
-    workflow_step = fields.String(required=True)
+    title = fields.String(required=True, metadata={"example": "First task"})
+    description = fields.String(required=True, metadata={"example": ""})
+    workflow = fields.String(required=True, metadata={"example": "default"})
+    workflow_step = fields.String(required=True, metadata={"example": "backlog"})
     parent_id = fields.UUID(allow_none=True, required=True)
     repositories = fields.List(fields.String(), required=True)
     attachments = fields.List(fields.String(), required=True)

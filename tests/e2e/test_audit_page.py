@@ -4,23 +4,31 @@ history` prints — each tenure, its claim, the release with its operation id an
 actor, the task each tenure produced (an in-page link to its identifier, title,
 state and workflow step), the hostile external id and title shown as text — and
 that an expired link, or a link used for another identity, is refused. The
-link's secret never reaches the server's log."""
+link's secret never reaches the server's log. A history that fails its
+tamper-evidence check opens with a red alert banner. docs/audit-page.png is this
+test's screenshot of a plain identity (KANDEV_DOCS_SCREENSHOT=1 writes it there)."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
+import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from kandev_es.bootstrap import bootstrap
+from kandev_es.domain.external_id import identity_id
+from tests.integration.tampering import TAMPERING
 from tests.support.chromium import Chromium, Devtools, find_chromium, png_pixel, png_size
 from tests.support.served import ServedProcess, http, run_cli
 
@@ -28,6 +36,8 @@ HOSTILE_ID = '<script>alert("id")</script>JIRA-9'
 HOSTILE_TITLE = "<img src=x onerror=alert(1)><script>alert('title')</script>"
 LINK_RE = re.compile(r"^\s+(http://\S+/audit/identities\?\S+)$", re.MULTILINE)
 BAR_COLOUR = (0x1D, 0x23, 0x30)  # .bar in audit.css: the stylesheet applied
+PLAIN_ID = "JIRA-4711"  # the identity of docs/audit-page.png
+DOCS_SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "audit-page.png"
 
 
 # find_chromium may apt-get install chromium on a first run (up to 900 s per command).
@@ -73,13 +83,17 @@ def _history_link(settings: Any, server: ServedProcess, external_id: str, **env:
     return found.group(1)
 
 
-def _two_tenures(server: ServedProcess) -> dict[str, Any]:
+def _two_tenures(
+    server: ServedProcess, external_id: str = HOSTILE_ID, title: str = HOSTILE_TITLE,
+    operation: str = "ticket-4711-release",
+) -> dict[str, Any]:
     """Tenure 1 (hostile title) released by an operator token, tenure 2 holding."""
+    label = f"auditor test {external_id}"
     operator = http(
         "POST",
         server.base + "/api/v1/tokens",
         server.token,
-        {"workspace_id": server.workspace_id, "role": "operator", "label": "auditor test"},
+        {"workspace_id": server.workspace_id, "role": "operator", "label": label},
     )
     assert operator.status == 201, operator.body
     # A WIP limit makes every create prove a step (policy:wip) with evidence.
@@ -90,18 +104,16 @@ def _two_tenures(server: ServedProcess) -> dict[str, Any]:
         {"wip_limit": 10},
     )
     assert policy.status == 200, policy.body
-    body = {"workspace_id": server.workspace_id, "external_id": HOSTILE_ID}
-    first = http(
-        "POST", server.base + "/api/v1/tasks", server.token, {**body, "title": HOSTILE_TITLE}
-    )
+    body = {"workspace_id": server.workspace_id, "external_id": external_id}
+    first = http("POST", server.base + "/api/v1/tasks", server.token, {**body, "title": title})
     assert first.body["outcome"] == "created", first.body
-    query = urllib.parse.urlencode({"external_id": HOSTILE_ID})
+    query = urllib.parse.urlencode({"external_id": external_id})
     release = urllib.request.Request(
         f"{server.base}/api/v1/workspaces/{server.workspace_id}/tasks/by-external-id?{query}",
         method="DELETE",
         headers={
             "Authorization": f"Bearer {operator.body['token']}",
-            "Idempotency-Key": "ticket-4711-release",
+            "Idempotency-Key": operation,
         },
     )
     with urllib.request.urlopen(release, timeout=20) as answer:
@@ -111,7 +123,7 @@ def _two_tenures(server: ServedProcess) -> dict[str, Any]:
     other = {"workspace_id": server.workspace_id, "external_id": "OTHER-1", "title": "Other"}
     assert http("POST", server.base + "/api/v1/tasks", server.token, other).status == 200
     tokens = http("GET", server.base + "/api/v1/tokens", server.token).body["tokens"]
-    (operator_id,) = [t["id"] for t in tokens if t["label"] == "auditor test"]
+    (operator_id,) = [t["id"] for t in tokens if t["label"] == label]
     return {"first": first.body, "second": second.body, "operator_id": operator_id,
             "operator": operator.body["token"]}
 
@@ -161,9 +173,17 @@ def test_a_person_sees_each_tenure_release_actor_task_and_hostile_text_as_text(
     steps = [_text(row) for row in rows if row.startswith("event-StepRecorded")]
     assert any("policy:wip" in row and "succeeded" in row and "evidence" in row for row in steps)
 
-    shot = chromium.screenshot(link, tmp_path / "audit-page.png")
+    # The documentation's screenshot: a plain identity's page (the hostile one
+    # above would alarm a reader), its two tenures, the release and the tasks.
+    _two_tenures(server, PLAIN_ID, "Fix the invoice export", "ticket-4712-release")
+    plain = _history_link(settings, server, PLAIN_ID)
+    plain_dom = chromium.dump_dom(plain)
+    assert f"Identity {PLAIN_ID}" in _text(plain_dom) and "&lt;" not in plain_dom
+    shot = chromium.screenshot(plain, tmp_path / "audit-page.png")
     assert png_size(shot) == (1280, 1500)
     assert png_pixel(shot, 5, 5) == BAR_COLOUR, "the page's own stylesheet loaded under its CSP"
+    if os.environ.get("KANDEV_DOCS_SCREENSHOT") == "1":
+        shutil.copyfile(shot, DOCS_SCREENSHOT)
 
     secret = urllib.parse.parse_qs(urllib.parse.urlsplit(link).query)["audit_link"][0]
     log = server.stderr_path.read_text(errors="replace")
@@ -205,10 +225,12 @@ def test_an_expired_link_and_a_link_for_another_identity_are_refused(settings, s
     assert _status(link)[0] == 200
 
 
-def _covered_by_a_checkpoint(server: ServedProcess, token: str, seconds: float = 30.0) -> int:
+def _covered_by_a_checkpoint(
+    server: ServedProcess, token: str, seconds: float = 30.0, external_id: str = HOSTILE_ID
+) -> int:
     """Until the served sequencer signed a checkpoint covering every event of
     the identity (every 2 s by default): the number of its events."""
-    query = urllib.parse.urlencode({"external_id": HOSTILE_ID, "proof": "1"})
+    query = urllib.parse.urlencode({"external_id": external_id, "proof": "1"})
     url = f"{server.base}/api/v1/workspaces/{server.workspace_id}/identities/history?{query}"
     deadline = time.monotonic() + seconds
     while True:
@@ -266,3 +288,45 @@ def test_an_operator_downloads_the_proof_bundle_the_offline_verifier_accepts(
     assert checked.returncode == 0, checked.stdout + checked.stderr
     lines = checked.stdout.splitlines()
     assert lines[-1] == "OK" and sum(": verified" in line for line in lines) == events, lines
+
+
+ALERT = """(() => {
+    const alert = document.querySelector('[role=alert]');
+    if (!alert) return null;
+    const verdict = alert.querySelector('.tamper-verdict');
+    const box = alert.getBoundingClientRect(), seen = getComputedStyle(alert);
+    const words = getComputedStyle(verdict);
+    return {text: alert.textContent, top: box.top, width: box.width,
+            background: seen.backgroundColor, colour: seen.color,
+            size: parseFloat(words.fontSize), weight: parseInt(words.fontWeight),
+            first: document.querySelector('main').firstElementChild === alert};
+})()"""
+
+
+def test_a_failed_check_is_a_red_alert_banner_first_on_the_page(settings, server, tmp_path):
+    """An event of the identity changed in the database after it was logged:
+    the page opens (under the bar, above everything) with a red role=alert
+    banner whose verdict is larger and bolder than anything else on it; an
+    intact identity's page has no alert at all."""
+    made = _two_tenures(server, PLAIN_ID, "Fix the invoice export")
+    _covered_by_a_checkpoint(server, made["operator"], external_id=PLAIN_ID)
+    intact = _history_link(settings, server, "OTHER-1")
+    services = bootstrap(settings.with_overrides(create_tables=False))
+    try:
+        TAMPERING["edit"](services, identity_id(uuid.UUID(server.workspace_id), PLAIN_ID))
+    finally:
+        services.close()
+    browser = Devtools(find_chromium(), tmp_path)
+    try:
+        browser.open(intact)
+        browser.wait_for("document.querySelector('.ledger-state') !== null")
+        assert browser.evaluate(ALERT) is None, "an intact history raises no alert"
+        browser.open(_history_link(settings, server, PLAIN_ID))
+        alert = browser.wait_for(ALERT)
+        browser.screenshot(tmp_path / "tampered.png")
+    finally:
+        browser.close()
+    assert alert["text"].strip().startswith("FAILED"), alert
+    assert alert["first"] and alert["top"] < 80 and alert["width"] > 1000, alert
+    assert alert["background"] == "rgb(180, 35, 24)" and alert["colour"] == "rgb(255, 255, 255)"
+    assert alert["size"] >= 24 and alert["weight"] >= 700, alert

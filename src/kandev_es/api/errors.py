@@ -23,11 +23,19 @@ log = logging.getLogger("kandev_es.api")
 class ApiErrorSchema(Schema):
     """Every error body (KandevError.to_dict), as OpenAPI publishes it."""
 
-    error = fields.String(required=True, metadata={"description": "machine-readable code"})
-    message = fields.String()
-    details = fields.Dict()
+    error = fields.String(
+        required=True,
+        metadata={"description": "machine-readable code", "example": "validation_failed"},
+    )
+    message = fields.String(metadata={"example": "invalid create request"})
+    details = fields.Dict(
+        metadata={"example": {"fields": {"title": ["title must not be blank"]}}}
+    )
     request_id = fields.String(
-        metadata={"description": "the request's id, as in its X-Request-Id header and the logs"}
+        metadata={
+            "description": "the request's id, as in its X-Request-Id header and the logs",
+            "example": "9f1c2b7e0d3a4c5b8e6f7a1b2c3d4e5f",
+        }
     )
 
 

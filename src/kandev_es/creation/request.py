@@ -30,14 +30,27 @@ class CreateTaskRequestSchema(Schema):
     class Meta:
         unknown = RAISE
 
-    workspace_id = fields.UUID(load_default=None, metadata={"description": "target workspace"})
+    workspace_id = fields.UUID(
+        load_default=None,
+        metadata={
+            "description": "target workspace",
+            "example": "7fc25427-7f8a-5abf-9d5e-8f212c56c7f1",
+        },
+    )
     external_id = fields.String(
         load_default=None,
         allow_none=True,
-        metadata={"description": "caller's stable identity for this task (<= 255 UTF-8 bytes)"},
+        metadata={
+            "description": "caller's stable identity for this task (<= 255 UTF-8 bytes)",
+            "example": "JIRA-1",
+        },
     )
     # minLength is published only (OpenAPI, MCP); _Title rejects a blank title itself.
-    title = _Title(required=True, validate=validate.Length(max=500), metadata={"minLength": 1})
+    title = _Title(
+        required=True,
+        validate=validate.Length(max=500),
+        metadata={"minLength": 1, "example": "First task"},
+    )
     description = fields.String(load_default="", validate=validate.Length(max=100_000))
     workflow = fields.String(load_default="default", validate=validate.Length(min=1, max=100))
     workflow_step = fields.String(load_default=None, allow_none=True)
