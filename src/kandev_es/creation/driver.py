@@ -279,18 +279,20 @@ class CreationDriver:
             raise VersionConflict("the lease's renewal left this identity behind")
 
     def _after_losing(self, ctx: StepContext, step: Step) -> None:
-        """This owner's step ran on after a newer owner took the tenure over:
-        whatever it made is in the world now, *after* the newer owner read the
-        tenure below. A newer owner still preparing or completing finds the
-        effect (reconcile, or its compensation later); one already aborting
-        may have looked for it before it was made, so it is removed here."""
+        """This owner's step ran on after a newer owner took the tenure over.
+        Whatever it made exists before the read below. A newer owner still
+        preparing or completing then finds it (its reconcile, or its
+        compensation should it abort later: that starts after this read); one
+        already aborting or aborted may have looked before it existed, so it
+        is removed here. Only an owner killed between its late effect and this
+        removal leaves one behind (docs/architecture.md)."""
         identity = self._app.load(ctx.identity_id, Identity)
         tenure = None if identity is None else identity.tenures.get(ctx.tenure)
         if tenure is None or tenure.phase not in (ABORTING, ABORTED) or step.absent(ctx):
             return
         try:
             step.compensate(ctx)
-        except Exception:  # the newer owner's compensation or an operator's finishes it
+        except Exception:  # logged with the step: an operator removes what is left
             log.exception("removing step %s's late effect failed", step.name)
             return
         log.warning(
