@@ -201,6 +201,11 @@ def _set_up(settings: Settings) -> Durability | None:
             latest = ledger_store.latest_checkpoint(tx)
         app = Tasks(settings.with_overrides(create_tables=True))
         try:
+            with database.transaction() as tx:  # SQLite: only canonical stream ids
+                for statement in ledger_store.stream_id_guard_ddl(
+                    database.backend, app.recorder.events_table_name  # type: ignore[attr-defined]
+                ):
+                    tx.execute(statement)
             # Read models a version before inline projections left behind the
             # head are brought up to it, once, before any save writes inline.
             hand_over(ProjectionRunner(app, database, read_models()))

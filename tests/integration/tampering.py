@@ -125,3 +125,43 @@ def unlog(services, stream, cut: bool = False) -> None:
 
 
 TAMPERING = {f.__name__: f for f in (edit, delete, swap, cut, drop_stream, rewrite)}
+
+
+def _position(services) -> str:
+    return "notification_id" if services.database.backend == "postgres" else "rowid"
+
+
+def swap_positions(services, first, second) -> tuple[int, int]:
+    """The stored positions of the two streams' first events swapped and the
+    leaves re-pointed to follow them, the tree untouched: each leaf still
+    finds its event, only the store's order is no longer the log's."""
+    table, position = services.app.recorder.events_table_name, _position(services)
+    keys = [stream_key(services.database.backend, s) for s in (first, second)]
+    with in_the_store(services) as sql:
+        (a,), (b,) = (next(iter(sql.execute(
+            f"SELECT {position} FROM {table} WHERE originator_id = ? AND originator_version = 1",
+            (key,)))) for key in keys)
+        (top,) = next(iter(sql.execute(f"SELECT max({position}) FROM {table}")))
+        spare = int(top) + 1_000_000
+        for where in ((table, position), ("ledger_leaves", "notification_id")):
+            for old, new in ((a, spare), (b, a), (spare, b)):
+                sql.execute(f"UPDATE {where[0]} SET {where[1]} = ? WHERE {where[1]} = ?",
+                            (new, old))
+    return int(a), int(b)
+
+
+def upper_case(services, stream, version: int) -> None:
+    """SQLite: the event stored under its stream id in upper-case hex (after
+    dropping the store's guard against it, as an attacker with the file
+    would); the same UUID to a parser, another stream to the application's
+    exact lookup. On PostgreSQL the uuid column has one spelling only."""
+    table, key = _where(services, stream)
+    with in_the_store(services) as sql:
+        if services.database.backend == "postgres":
+            sql.execute(f"UPDATE {table} SET originator_id = upper(originator_id::text)::uuid"
+                        " WHERE originator_id = ? AND originator_version = ?", (key, version))
+            return
+        for trigger in ("", "_update"):
+            sql.execute(f"DROP TRIGGER IF EXISTS {table}_canonical_stream_id{trigger}")
+        sql.execute(f"UPDATE {table} SET originator_id = upper(originator_id)"
+                    " WHERE originator_id = ? AND originator_version = ?", (key, version))

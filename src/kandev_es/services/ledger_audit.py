@@ -8,10 +8,14 @@ What each check catches (docs/auditing.md, "Threat model"):
 - an event deleted, or two versions swapped: the leaf's event is gone or is
   another one, and the stream's versions have a gap;
 - a tail cut or a whole stream deleted: leaves whose events are gone;
+- two events' stored positions swapped (leaves re-pointed): the store's
+  order is no longer the log's leaf order;
+- an event stored under another spelling of its stream id (SQLite text):
+  not the id the application looks up, byte for byte;
 - an attacker who also rewrote the leaves and the tree: the root recomputed
   from the events differs from a signed checkpoint's, and the checkpoints
-  the store still holds bound where (the leaves between the last one that
-  matches and the first that does not; their events are listed).
+  the store still holds bound where (the first event after the last one that
+  matches is named, and the events up to the one that fails are listed).
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ from kandev_es.storage import ledger as store
 from kandev_es.storage.database import Database
 
 BATCH = 5000
+# A leaf of the log: (index, notification id, stream, version, chain hash).
+Leaf = tuple[int, int, uuid.UUID, int, bytes]
 WINDOW_LISTED = 20
 
 
@@ -84,14 +90,40 @@ def _events(app: Tasks) -> list[_Event]:
         start = batch[-1].id
 
 
-def _leaves(database: Database) -> list[tuple[int, int, uuid.UUID, int, bytes]]:
-    found: list[tuple[int, int, uuid.UUID, int, bytes]] = []
+def _leaves(database: Database, report: LedgerReport) -> list[Leaf]:
+    """The log's leaves in order; a leaf whose stream id is not stored as the
+    application reads it (canonical form, byte for byte) is a problem."""
+    found: list[Leaf] = []
+    backend = database.backend
     with database.transaction() as tx:
         while True:
             page = store.leaves_page(tx, found[-1][0] if found else -1, BATCH)
             if not page:
                 return found
-            found.extend((i, n, uuid.UUID(str(s)), v, h) for i, n, s, v, h in page)
+            for i, n, raw, v, h in page:
+                stream = uuid.UUID(str(raw))
+                if raw != store.stream_key(backend, stream):
+                    report.problems.append(Problem(str(stream), v, f"leaf {i} names its"
+                                                   f" stream as {raw!r}, not in canonical form"))
+                found.append((i, n, stream, v, h))
+
+
+def _check_stream_ids(events: list[_Event], stored: dict[int, Any], backend: str,
+                      report: LedgerReport) -> None:
+    """Each event's stream id as stored, byte for byte, against the form the
+    application looks streams up by: an event stored under another spelling
+    of its stream's id (upper-cased hex on SQLite) is invisible to the
+    application (a release lost from the identity's history), though the
+    same stream to a UUID parser."""
+    for event in events:
+        raw = stored.get(event.position)
+        canonical = store.stream_key(backend, event.stream)
+        if raw is not None and raw != canonical:
+            report.problems.append(Problem(
+                str(event.stream), event.version,
+                f"stored under the stream id {raw!r} (position {event.position}), not"
+                f" {str(canonical)!r}: the application looks a stream up by its exact id"
+                " and does not see this event"))
 
 
 def _chains(events: list[_Event], report: LedgerReport) -> dict[tuple[uuid.UUID, int], bytes]:
@@ -153,25 +185,73 @@ def _check_stored_chains(
                                            "its stored chain hash does not match its bytes"))
 
 
-def _tree_from_events(
+def _trees(
     leaves: list[tuple[int, int, uuid.UUID, int, bytes]],
     computed: dict[tuple[uuid.UUID, int], bytes],
-) -> merkle.MemoryTree:
+) -> _Trees:
     """The log rebuilt from the events as they are now (a leaf whose event
-    is gone keeps its logged hash: its deletion is reported on its own)."""
-    tree = merkle.MemoryTree()
+    is gone keeps its logged hash: its deletion is reported on its own), and
+    from the leaves as logged."""
+    events, logged = merkle.MemoryTree(), merkle.MemoryTree()
     for _, _, stream, version, value in leaves:
-        tree.append(computed.get((stream, version), value))
-    return tree
+        events.append(computed.get((stream, version), value))
+        logged.append(value)
+    return _Trees(events, logged, leaves)
+
+
+@dataclass(frozen=True)
+class _Trees:
+    """The log rebuilt from the events as they are now, and as its leaves
+    logged them (they differ where an event changed since it was logged)."""
+
+    events: merkle.MemoryTree
+    logged: merkle.MemoryTree
+    leaves: list[Leaf]
+
+    def first_change(self, size: int) -> Leaf | None:
+        """The first leaf below ``size`` whose event no longer hashes to it."""
+        return next((leaf for leaf in self.leaves[:size]
+                     if self.events.node(0, leaf[0]) != self.logged.node(0, leaf[0])), None)
+
+
+def _cut(source: str, checkpoint: Checkpoint, trees: _Trees, unlogged: _Event | None) -> Problem:
+    size, held = checkpoint.size, trees.events.size
+    first = (f"the first event after the log's end is stream {unlogged.stream} version"
+             f" {unlogged.version} (position {unlogged.position})" if unlogged
+             else "their events are gone too")
+    return Problem(None, None, f"{source} covers {size} events but the log holds {held}:"
+                   f" the log was cut (leaf {held} on is gone; {first})")
+
+
+def _changed(source: str, checkpoint: Checkpoint, trees: _Trees, start: int) -> Problem:
+    """A checkpoint the rebuilt log does not match, with the first event at
+    fault: the first changed since it was logged when the leaves still match
+    the checkpoint, else the first after the last checkpoint that matches."""
+    size = checkpoint.size
+    changed = trees.first_change(size)
+    if changed is not None and trees.logged.root(size) == checkpoint.root:
+        index, position, stream, version, _ = changed
+        return Problem(str(stream), version, f"{source} (size {size}): the first event it"
+                       f" covers that changed since it was logged is this one (leaf {index},"
+                       f" position {position})")
+    window = trees.leaves[start:size]
+    if not window:
+        return Problem(None, None, f"{source} (size {size}): its root is not the log's")
+    listed = ", ".join(f"{s} v{v}" for _, _, s, v, _ in window[:WINDOW_LISTED])
+    _, position, stream, version, _ = window[0]
+    return Problem(None, None, f"{source} (size {size}): the history it covers changed after"
+                   f" the last checkpoint that still matches (size {start}); the first event"
+                   f" it may concern is stream {stream} version {version} (leaf {start},"
+                   f" position {position}); leaves {start} to {size - 1}: {listed}")
 
 
 def _check_checkpoints(
-    notes: list[tuple[str, str]], tree: merkle.MemoryTree, keyring: Keyring,
-    leaves: list[tuple[int, int, uuid.UUID, int, bytes]], report: LedgerReport,
+    notes: list[tuple[str, str]], trees: _Trees, keyring: Keyring, report: LedgerReport,
+    unlogged: _Event | None,
 ) -> None:
     """Each signed checkpoint (where it came from, note) against the rebuilt
-    log; the failing ones bounded by the last size that still matches."""
-    matched = 0
+    log; a failing one names the first event at fault, or bounds where."""
+    matched: set[int] = {0}
     for source, note in notes:
         try:
             checkpoint: Checkpoint = keyring.open_checkpoint(note)
@@ -179,19 +259,30 @@ def _check_checkpoints(
             report.problems.append(Problem(None, None, f"{source}: {error}"))
             continue
         report.checkpoints += 1
-        if checkpoint.size > tree.size:
-            report.problems.append(Problem(None, None, f"{source} covers {checkpoint.size}"
-                                           f" events but the log holds {tree.size}: the log"
-                                           " was cut"))
-        elif tree.root(checkpoint.size) != checkpoint.root:
-            window = leaves[matched:checkpoint.size]
-            listed = ", ".join(f"{s} v{v}" for _, _, s, v, _ in window[:WINDOW_LISTED])
-            report.problems.append(Problem(None, None, f"{source} (size {checkpoint.size}):"
-                                           " the history it covers changed; the change lies"
-                                           f" in leaves {matched}..{checkpoint.size - 1}:"
-                                           f" {listed}"))
+        if checkpoint.size > trees.events.size:
+            report.problems.append(_cut(source, checkpoint, trees, unlogged))
+        elif trees.events.root(checkpoint.size) != checkpoint.root:
+            start = max((size for size in matched if size < checkpoint.size), default=0)
+            report.problems.append(_changed(source, checkpoint, trees, start))
         else:
-            matched = max(matched, checkpoint.size)
+            matched.add(checkpoint.size)
+
+
+def _check_order(leaves: list[Leaf], by_position: dict[int, _Event],
+                 report: LedgerReport) -> None:
+    """The store's order is the log's: leaf i is the event at the i-th
+    smallest position the log holds (the sequencer appends in settled global
+    order), so two events whose stored positions were swapped are named."""
+    expected = sorted(position for _, position, _, _, _ in leaves)
+    for (index, position, stream, version, _), place in zip(leaves, expected, strict=True):
+        if position != place:
+            held = by_position.get(position)
+            what = (f"stream {held.stream} version {held.version}" if held else "no event")
+            report.problems.append(Problem(str(stream), version, f"logged as leaf {index},"
+                                           f" whose place in the store's order is position"
+                                           f" {place}, but stored at position {position}"
+                                           f" (holding {what}): the store's order is not the"
+                                           " log's (positions swapped or rewritten)"))
 
 
 def verify_ledger(
@@ -200,28 +291,33 @@ def verify_ledger(
     """Recompute the chains and the log from the events and check them against
     the leaves, the store's signed checkpoints and ``outside`` (a checkpoint
     the auditor kept out of the database's reach)."""
-    events, leaves = _events(app), _leaves(database)
-    report = LedgerReport(events=len(events), leaves=len(leaves))
+    report = LedgerReport()
+    events, leaves = _events(app), _leaves(database, report)
+    report.events, report.leaves = len(events), len(leaves)
     computed = _chains(events, report)
     by_position = {e.position: e for e in events}
     logged = {(s, v): h for _, _, s, v, h in leaves}
     for leaf in leaves:
         _check_leaf(leaf, by_position, logged, report)
+    _check_order(leaves, by_position, report)
     last_logged = leaves[-1][1] if leaves else 0
     in_log = {n for _, n, _, _, _ in leaves}
     for event in events:
         if event.position <= last_logged and event.position not in in_log:
             report.problems.append(Problem(str(event.stream), event.version,
                                            f"position {event.position} is not in the log"))
+    table = app.recorder.events_table_name  # type: ignore[attr-defined]
     with database.transaction() as tx:
         notes = [(f"stored checkpoint {size}", note) for size, note in store.all_checkpoints(tx)]
-        stored = store.stored_chain_hashes(tx, database.backend,
-                                           app.recorder.events_table_name)  # type: ignore[attr-defined]
+        stored = store.stored_chain_hashes(tx, database.backend, table)
+        spelled = store.stored_stream_ids(tx, database.backend, table)
+    _check_stream_ids(events, spelled, database.backend, report)
     _check_stored_chains(events, stored, report)
     if outside is not None:
         notes.append(("the given checkpoint", outside))
     notes.sort(key=lambda item: _size(item[1]))
-    _check_checkpoints(notes, _tree_from_events(leaves, computed), keyring, leaves, report)
+    unlogged = next((e for e in events if e.position > last_logged), None)
+    _check_checkpoints(notes, _trees(leaves, computed), keyring, report, unlogged)
     report.problems.extend(Problem(None, None, line)
                            for line in signed_map_problems(notes, keyring, leaves))
     return report

@@ -367,3 +367,30 @@ def write_map_nodes(
         "INSERT INTO ledger_map_nodes (level, node_index, hash) VALUES (?, ?, ?)" + conflict,
         list(nodes),
     )
+
+
+def stored_stream_ids(tx: Transaction, backend: str, table: str) -> dict[int, Any]:
+    """Every event's stream id exactly as stored, by notification id: SQLite's
+    TEXT as written (PostgreSQL's uuid column has one form only: nothing)."""
+    if backend == "postgres":
+        return {}
+    rows = tx.execute(f"SELECT rowid, originator_id FROM {table}")
+    return {int(n): s for n, s in rows}
+
+
+def stream_id_guard_ddl(backend: str, table: str) -> tuple[str, ...]:
+    """SQLite: the events table refuses a stream id that is not 32 lower-case
+    hex digits, the form the application looks streams up by (PostgreSQL's
+    uuid column has one form only)."""
+    if backend == "postgres":
+        return ()
+    check = ("WHEN length(NEW.originator_id) <> 32"
+             " OR NEW.originator_id GLOB '*[^0-9a-f]*'"
+             " BEGIN SELECT RAISE(ABORT, 'kandev: a stream id is stored as 32 lower-case"
+             " hex digits'); END")
+    return (
+        f"CREATE TRIGGER IF NOT EXISTS {table}_canonical_stream_id"
+        f" BEFORE INSERT ON {table} {check}",
+        f"CREATE TRIGGER IF NOT EXISTS {table}_canonical_stream_id_update"
+        f" BEFORE UPDATE OF originator_id ON {table} {check}",
+    )
