@@ -13,6 +13,7 @@ import click
 from kandev_es import __version__
 from kandev_es.bootstrap import bootstrap, init_storage, store_exists
 from kandev_es.cli_agentctl import register as register_agentctl
+from kandev_es.cli_import import register as register_import
 from kandev_es.cli_ledger import backfill_ledger
 from kandev_es.cli_numbers import register as register_numbers
 from kandev_es.cli_ops import register as register_ops
@@ -385,6 +386,7 @@ register_ops(main, projections)
 register_parked(main)
 register_agentctl(main)  # agentctl task create (inside an agent run)
 register_tasks(main, workspace)  # workspace list, task create/get/lookup (for people)
+register_import(main)  # task import (cli_import.py)
 register_numbers(workspace)  # workspace advance-numbers (after a dump restore)
 register_webhooks(main)  # webhook create/list/.../deliver (docs/webhooks.md)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from kandev_es_client import (
     RETRY_STATUSES,
+    BatchItem,
     Client,
     ClientError,
     Creation,
@@ -18,6 +19,7 @@ from kandev_es_client import (
 
 __all__ = [
     "RETRY_STATUSES",
+    "BatchItem",
     "Client",
     "ClientError",
     "Creation",

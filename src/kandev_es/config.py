@@ -658,6 +658,16 @@ def export_multiprocess_metrics_dir(
     env[METRICS_DIR_VARIABLE] = str(directory)
 
 
+CLIENT_TOKEN_VARIABLE = "KANDEV_TOKEN"
+
+
+def client_token(environ: Mapping[str, str] | None = None) -> str | None:
+    """The bearer token a CLI command that talks to a server over HTTP sends
+    (``task import --url``): from the environment only, never a flag."""
+    env = os.environ if environ is None else environ
+    return env.get(CLIENT_TOKEN_VARIABLE) or None
+
+
 RUN_CREDENTIAL_VARIABLES = ("KANDEV_API_URL", "KANDEV_RUN_TOKEN", "KANDEV_RUN_ID")
 
 

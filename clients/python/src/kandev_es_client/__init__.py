@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
@@ -138,10 +139,21 @@ class Client:
         """One attempt, unless it can safely be sent again (the caller decides)."""
         return self._http.request(method, path, **kwargs)
 
-    def _retrying(self, method: str, path: str, **kwargs: Any) -> tuple[httpx.Response, int]:
-        """Resend the identical request on 502/503/504 and connection errors,
-        honouring Retry-After, never sleeping past the deadline."""
-        ends = time.monotonic() + self.deadline
+    def _retrying(
+        self,
+        method: str,
+        path: str,
+        *,
+        timeout: float | None = None,
+        deadline: float | None = None,
+        retry_codes: frozenset[str] = frozenset(),
+        **kwargs: Any,
+    ) -> tuple[httpx.Response, int]:
+        """Resend the identical request on 502/503/504, connection errors and
+        answers whose error code is in ``retry_codes``, honouring Retry-After,
+        never sleeping past the deadline (``timeout`` and ``deadline``: this
+        call's own, instead of the client's)."""
+        ends = time.monotonic() + (self.deadline if deadline is None else deadline)
         delay = self.backoff
         attempts = 0
         while True:
@@ -150,11 +162,12 @@ class Client:
             failure: Exception | None = None
             # An attempt may not outlast the deadline either (a server that hangs).
             remaining = max(ends - time.monotonic(), 0.001)
+            attempt = self.timeout if timeout is None else timeout
             try:
-                response = self._send(
-                    method, path, timeout=min(self.timeout, remaining), **kwargs
-                )
-                if response.status_code not in RETRY_STATUSES:
+                response = self._send(method, path, timeout=min(attempt, remaining), **kwargs)
+                if response.status_code not in RETRY_STATUSES and (
+                    not retry_codes or _code(response) not in retry_codes
+                ):
                     return response, attempts
             except httpx.TransportError as error:
                 failure = error
@@ -181,6 +194,44 @@ class Client:
             response, attempts = self._retrying("POST", "/tasks", json=body)
         task = _ok(response)
         return Creation(Outcome(task["outcome"]), task, attempts)
+
+    def create_many(
+        self,
+        workspace_id: str,
+        items: Iterable[Mapping[str, Any]],
+        *,
+        chunk_size: int = 500,
+        max_chunk_bytes: int = 900_000,
+        atomic: bool = False,
+        key_prefix: str | None = None,
+        chunk_timeout: float = 120.0,
+    ) -> Iterator[BatchItem]:
+        """Create many tasks (POST /api/v1/tasks/batch), ``chunk_size`` items
+        and at most ``max_chunk_bytes`` of JSON a request (below the server's
+        KANDEV_MAX_BODY_BYTES, 1 MiB by default), and yield one ``BatchItem``
+        per item, in order, as each chunk is answered. Each chunk is sent with
+        an Idempotency-Key (``key_prefix``-<chunk number>; a fresh prefix per
+        call by default) and resent with it after a 502/503/504, a lost
+        connection or a 409 batch_in_progress, so a chunk whose answer was
+        lost is replayed, never made twice. A chunk the server refuses whole
+        (413, an atomic chunk's 422) yields each of its items failed with that
+        error; any other refusal (404: the workspace) raises ClientError."""
+        prefix = key_prefix or uuid.uuid4().hex
+        start = 0
+        for number, chunk in enumerate(_chunks(items, chunk_size, max_chunk_bytes)):
+            body = {"workspace_id": workspace_id, "tasks": chunk, "atomic": atomic}
+            response, _ = self._retrying(
+                "POST",
+                "/tasks/batch",
+                content=_compact(body),
+                headers={"Idempotency-Key": f"{prefix}-{number}",
+                         "Content-Type": "application/json"},
+                timeout=chunk_timeout,
+                deadline=max(self.deadline, 4 * chunk_timeout),
+                retry_codes=frozenset({"batch_in_progress"}),
+            )
+            yield from _batch_items(response, start, len(chunk))
+            start += len(chunk)
 
     def lookup(self, workspace_id: str, external_id: str) -> dict[str, Any] | None:
         response, _ = self._retrying(
@@ -292,6 +343,73 @@ def _parse_sse(lines: Iterator[str]) -> Iterator[Event]:
             data.append(value)
         else:
             fields[name] = value
+
+
+@dataclass(frozen=True)
+class BatchItem:
+    """One item of ``Client.create_many``: its place in the items given, what
+    the server answered for it (``outcome``: an Outcome's value, or "failed"),
+    and the task or the error."""
+
+    index: int
+    outcome: str
+    status: int
+    task: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.task is None
+
+
+def _compact(body: Any) -> bytes:
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def _chunks(
+    items: Iterable[Mapping[str, Any]], size: int, max_bytes: int
+) -> Iterator[list[Mapping[str, Any]]]:
+    """The items in order, ``size`` at most a chunk and at most ``max_bytes``
+    of their JSON (an item larger than that goes alone: the server says 413)."""
+    chunk: list[Mapping[str, Any]] = []
+    used = 0
+    for item in items:
+        weight = len(_compact(item)) + 1
+        if chunk and (len(chunk) >= size or used + weight > max_bytes):
+            yield chunk
+            chunk, used = [], 0
+        chunk.append(item)
+        used += weight
+    if chunk:
+        yield chunk
+
+
+def _code(response: httpx.Response) -> str | None:
+    body = _body(response) if response.status_code >= 400 else None
+    return body.get("error") if isinstance(body, dict) else None
+
+
+def _batch_items(response: httpx.Response, start: int, count: int) -> Iterator[BatchItem]:
+    if response.status_code in (413, 422):
+        error = ClientError.of(response)
+        body: dict[str, Any] = (
+            error.body if isinstance(error.body, dict) else {"error": str(error.body)}
+        )
+        failures = {
+            int(failure["index"]): failure
+            for failure in body.get("details", {}).get("failures", [])
+            if isinstance(failure, dict)
+        }
+        for index in range(count):
+            own = failures.get(index, body)
+            yield BatchItem(start + index, "failed", error.status, error=own)
+        return
+    for result in _ok(response)["results"]:
+        task = result.get("result")
+        yield BatchItem(
+            start + int(result["index"]), result["outcome"], int(result["status"]),
+            task=task, error=result.get("error"),
+        )
 
 
 def _body(response: httpx.Response) -> Any:
