@@ -25,6 +25,7 @@ from benchlib.saves import store_saves
 from benchlib.scaling import scaling
 from benchlib.targets import chains_targets, scaling_targets, targets
 from benchlib.tracing import tracing_cost
+from benchlib.webhooks import webhooks_cost
 from kandev_es.bootstrap import Services, bootstrap
 from kandev_es.config import Settings, postgres_target
 
@@ -71,6 +72,10 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--chains-only", action="store_true",
                         help="measure only the 'chains' section: saves and Created over HTTP"
                         " with hash chains and without (docs/auditing.md: Cost)")
+    parser.add_argument("--webhooks-only", action="store_true",
+                        help="measure only the 'webhooks' section: Created over HTTP with no"
+                        " webhook subscription and with one to a fast local receiver (its"
+                        " lag and what it costs; docs/webhooks.md)")
     parser.add_argument("--rounds", type=positive, default=1,
                         help="rounds of the HTTP measurement in 'scaling', the two servers"
                         " alternating which goes first; figures are medians (default 1;"
@@ -96,7 +101,7 @@ def main() -> int:
         shutil.rmtree(tmp, ignore_errors=True)
     if args.chains_only:
         report["targets"] = chains_targets(report["chains"])
-    if args.scaling_only or args.tracing_only or args.chains_only:
+    if args.scaling_only or args.tracing_only or args.chains_only or args.webhooks_only:
         print(json.dumps(report, indent=2))
         return 0
     report["targets"] = targets(report)
@@ -119,6 +124,10 @@ def on_schema(report: dict[str, Any], args: argparse.Namespace, admin_url: str,
             return
         if args.chains_only:
             report["chains"] = chains(args, settings, admin_url, url, tmp, services)
+            return
+        if args.webhooks_only:
+            report["webhooks"] = webhooks_cost(services, url, tmp, args.workers, args.clients,
+                                               args.seconds, args.rounds)
             return
         if args.scaling or args.scaling_only:
             report["scaling"] = scaling(

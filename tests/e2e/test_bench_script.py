@@ -356,3 +356,22 @@ def test_cost_tables_split_each_request_s_cpu_by_component_for_kandev_and_the_pe
     assert servers["kandev"]["threads"] == servers["peer"]["threads"]
     assert servers["kandev"]["not_wrapped"] == [] and servers["peer"]["not_wrapped"] == []
     assert "cost:" in stderr
+
+
+@pytest.mark.slow
+def test_the_webhooks_section_delivers_every_created_and_compares_with_none():
+    """scripts/bench --webhooks-only with tiny sizes: per round a run without a
+    subscription and one with, in alternating order; every acknowledged create
+    reached the bench's receiver (none missing), with its lag."""
+    report, _ = bench(
+        "--webhooks-only", "--rounds", "2", "--seconds", "0.5", "--workers", "1",
+        "--clients", "2",
+    )
+    section = report["webhooks"]
+    assert [row["order"] for row in section["rounds"]] == [["off", "on"], ["on", "off"]]
+    for row in section["rounds"]:
+        assert row["off"]["created_per_s"] > 0 and row["off"]["failed_requests"] == {}
+        assert row["on"]["delivered"] > 0 and row["on"]["missing"] == 0
+        assert row["on"]["lag_ms_p50"] <= row["on"]["lag_ms_p99"] <= row["on"]["lag_ms_max"]
+    assert section["missing"] == 0
+    assert set(section["targets"]) == {"lag_p99_le_1s", "cost_le_10_percent"}

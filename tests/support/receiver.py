@@ -49,6 +49,7 @@ class Receiver:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # headers and body leave as written
 
             def do_POST(self) -> None:
                 length = int(self.headers.get("content-length") or 0)

@@ -19,6 +19,8 @@ to its URL signed by the Standard Webhooks rules (docs/webhooks.md).
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
 import logging
 import random
@@ -41,6 +43,7 @@ from kandev_es.services.feeds import FeedItem
 from kandev_es.storage.database import Database, PostgresDatabase, SQLiteDatabase
 from kandev_es.webhooks.addresses import NetworkPolicy
 from kandev_es.webhooks.feed import FeedReader
+from kandev_es.webhooks.progress import FLUSH_SECONDS, MAX_UNWRITTEN, Progress
 from kandev_es.webhooks.signing import WebhookKey, signature_header
 from kandev_es.webhooks.store import ACTIVE, DISABLED, Attempt, Subscription, SubscriptionStore
 from kandev_es.webhooks.transport import Outcome, new_client, post
@@ -49,7 +52,8 @@ log = logging.getLogger("kandev_es.webhooks")
 # The deliverer's advisory lock class ("kes5"), apart from the other leaders'.
 LOCK_CLASS = int.from_bytes(b"kes5", "big")
 SCAN_SECONDS = 1.0  # how soon a new or resumed subscription gets its thread
-PAGE = 50
+PAGE = 100
+REREAD_SECONDS = 1.0
 DELIVERED, FAILED, NO_ANSWER, GONE = "delivered", "failed", "no_answer", "gone"
 RESULTS = (DELIVERED, FAILED, NO_ANSWER, GONE)
 
@@ -118,9 +122,12 @@ class Deliverer:
         self._stop = threading.Event()
         self._leading = threading.Event()
         self._threads: dict[uuid.UUID, threading.Thread] = {}
+        self._progress: dict[uuid.UUID, Progress] = {}
 
     # ----- leadership and the threads -------------------------------------
     def run_forever(self) -> None:
+        flusher = threading.Thread(target=self._flush_all, name="webhook-flusher", daemon=True)
+        flusher.start()
         try:
             while not self._stop.is_set():
                 if self._lead.hold():
@@ -135,6 +142,7 @@ class Deliverer:
             self._leading.clear()
             for thread in list(self._threads.values()):
                 thread.join(self.rules.timeout + 2)
+            flusher.join(1.0)
             self._lead.release()
 
     def _start_threads(self) -> None:
@@ -166,41 +174,81 @@ class Deliverer:
 
     # ----- one subscription -------------------------------------------------
     def _run_subscription(self, subscription_id: uuid.UUID) -> None:
-        with new_client(self.rules.policy, self.rules.timeout) as client:
-            while not self._stop.is_set() and self._leading.is_set():
-                try:
-                    s = self.store.get(subscription_id)
-                    if s is None or s.state != ACTIVE:
-                        return
-                    self.step(s, client)
-                except Exception as error:  # the store away: try again in a moment
-                    log.warning("webhooks: subscription %s: %s", subscription_id, error)
-                    self._stop.wait(1.0)
+        here = Progress(subscription_id)
+        self._progress[subscription_id] = here
+        try:
+            with new_client(self.rules.policy, self.rules.timeout) as client:
+                while not self._stop.is_set() and self._leading.is_set():
+                    try:
+                        if not self.step(here, client):
+                            return
+                    except Exception as error:  # the store away: try again in a moment
+                        log.warning("webhooks: subscription %s: %s", subscription_id, error)
+                        here.refused = True
+                        self._stop.wait(1.0)
+        finally:
+            self._progress.pop(subscription_id, None)
+            with contextlib.suppress(Exception):  # the store away: those are sent again
+                here.flush(self.store)
 
-    def step(self, s: Subscription, client: Any) -> None:
-        """One move of ``s``: wait for its next attempt, skip events of other
-        types, or deliver its next event once."""
-        now = time.time()
-        if s.next_attempt_at > now:
-            self._stop.wait(min(s.next_attempt_at - now, 0.5))
-            return
-        seen = self.feed.head()
-        items = self.feed.read(s.workspace_id, s.cursor, PAGE)
-        if not items:
-            self.feed.wait(seen, 1.0, self._stop)
-            return
-        index = next(
-            (i for i, it in enumerate(items) if it.envelope["type"] in s.event_types), None
+    def _flush_all(self) -> None:
+        """The flusher: every FLUSH_SECONDS, each subscription's progress."""
+        while not self._stop.wait(FLUSH_SECONDS):
+            for here in list(self._progress.values()):
+                if here.due():
+                    try:
+                        here.flush(self.store)
+                    except Exception as error:  # the store away: kept for the next try
+                        log.warning("webhooks: progress of %s not written: %s", here.id, error)
+
+    def _fresh(self, here: Progress) -> Subscription | None:
+        """The subscription as this thread has it; read again from the store
+        at most every REREAD_SECONDS, and after a write of ours was refused
+        (an operator changed it): a pause, a replay or a deletion reaches
+        this thread within that, or at its next write."""
+        now = time.monotonic()
+        if here.stale(now, REREAD_SECONDS):
+            here.flush(self.store)  # what was done, before anything is read again
+            fresh = self.store.get(here.id)
+            if fresh is None or fresh.state != ACTIVE:
+                return None
+            if here.written is None or here.refused or fresh.generation != here.written.generation:
+                here.adopt(fresh, now)
+            here.read_at = now
+        return here.s
+
+    def step(self, here: Progress, client: Any) -> bool:
+        """One move of a subscription: wait for its next attempt, skip events
+        of other types, or deliver its next event once. False: it is no
+        longer active (or gone)."""
+        s = self._fresh(here)
+        if s is None:
+            return False
+        wait = s.next_attempt_at - time.time()
+        if wait > 0:
+            self._stop.wait(min(wait, 0.5))
+            return True
+        if not here.items:
+            seen = self.feed.head()
+            items = self.feed.read(s.workspace_id, s.cursor, PAGE)
+            with here.lock:
+                if here.s is s:
+                    here.items = items
+            if not items:
+                self.feed.wait(seen, 1.0, self._stop)
+            return True
+        skipped = list(
+            itertools.takewhile(lambda it: it.envelope["type"] not in s.event_types, here.items)
         )
-        if index is None:
-            self.store.skip_to(s, items[-1].position)
-        elif index > 0:
-            self.store.skip_to(s, items[index - 1].position)
+        if skipped:
+            here.advance(None, skipped[-1].position, len(skipped))
         elif self._leading.is_set():
-            self.deliver(s, items[0], client)
+            self.deliver(here, s, here.items[0], client)
+        return here.s is None or here.s.state == ACTIVE
 
-    def deliver(self, s: Subscription, item: FeedItem, client: Any) -> str:
-        """One attempt of ``item`` to ``s``, recorded; its result."""
+    def deliver(self, here: Progress, s: Subscription, item: FeedItem, client: Any) -> str:
+        """One attempt of ``item`` to ``s``, recorded (a 2xx by the flusher,
+        soon; a failure now); its result."""
         request_id = serving.new_request_id()
         webhook_id = str(item.envelope["id"])
         with (
@@ -229,12 +277,15 @@ class Deliverer:
             if parent:
                 headers["traceparent"] = parent
             outcome = post(client, s.url, body, headers, self.rules.timeout)
-            return self._record(s, item, outcome, request_id)
+            return self._record(here, s, item, outcome, request_id)
 
-    def _record(self, s: Subscription, item: FeedItem, outcome: Outcome, request_id: str) -> str:
+    def _record(
+        self, here: Progress, s: Subscription, item: FeedItem, outcome: Outcome, request_id: str
+    ) -> str:
         now = time.time()
         result, changes, next_at = decide(s, item, outcome, self.rules, now)
         attempt = Attempt(
+            s.id,
             item.position,
             str(item.envelope["id"]),
             s.attempts + 1,
@@ -246,10 +297,15 @@ class Deliverer:
             next_at,
             request_id,
         )
-        self.store.record(s, attempt, changes)
+        if result == DELIVERED:
+            here.advance(attempt, item.position, 1)
+            if len(here.unwritten) >= MAX_UNWRITTEN:
+                here.flush(self.store)
+        else:
+            here.flush(self.store, attempt, changes)
         tracing.note(**{"http.status_code": outcome.status, "kandev.result": result})
         metrics.record_background_write("webhooks")
-        level = logging.INFO if result == DELIVERED else logging.WARNING
+        level = logging.DEBUG if result == DELIVERED else logging.WARNING
         log.log(
             level,
             "webhook %s position=%s attempt=%s %s %s in %.0f ms%s",

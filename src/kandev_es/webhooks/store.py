@@ -12,8 +12,10 @@ secrets, as with every webhook sender; the delivery log keeps no body.
 
 from __future__ import annotations
 
+import random
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -225,65 +227,64 @@ class SubscriptionStore:
             )
         return bool(rows)
 
-    def skip_to(self, s: Subscription, position: int) -> bool:
-        """Past feed events of types it does not subscribe to (nothing sent)."""
+    def record(
+        self, guard: Subscription | None, attempts: list[Attempt], changes: dict[str, Any]
+    ) -> bool:
+        """Delivery attempts: their log rows, their results counted, and (only
+        if nobody paused, replayed or deleted the subscription since ``guard``
+        was read or written: its cursor and generation) its ``changes``, in
+        one transaction; whether the changes were made."""
         with self.database.transaction() as tx:
-            return bool(
-                tx.execute(
-                    "UPDATE webhook_subscriptions SET cursor = ? WHERE id = ? AND cursor = ?"
-                    " AND generation = ? RETURNING id",
-                    (position, self._id(s.id), s.cursor, s.generation),
+            moved = False
+            if guard is not None and changes:
+                assignments = ", ".join(f"{name} = ?" for name in changes)
+                moved = bool(
+                    tx.execute(
+                        f"UPDATE webhook_subscriptions SET {assignments}"
+                        " WHERE id = ? AND cursor = ? AND generation = ? RETURNING id",
+                        (*changes.values(), self._id(guard.id), guard.cursor, guard.generation),
+                    )
                 )
-            )
-
-    def record(self, s: Subscription, attempt: Attempt, changes: dict[str, Any]) -> bool:
-        """One delivery attempt: its log row, its result counted, and (only if
-        nobody paused, replayed or deleted it meanwhile: the cursor and the
-        generation it was read with) the subscription's ``changes``."""
-        assignments = ", ".join(f"{name} = ?" for name in changes)
-        with self.database.transaction() as tx:
-            moved = bool(
-                tx.execute(
-                    f"UPDATE webhook_subscriptions SET {assignments}"
-                    " WHERE id = ? AND cursor = ? AND generation = ? RETURNING id",
-                    (*changes.values(), self._id(s.id), s.cursor, s.generation),
-                )
-            )
-            self._log(tx, s.id, attempt)
-            tx.execute(
-                "INSERT INTO webhook_counters (result, count) VALUES (?, 1)"
-                " ON CONFLICT (result) DO UPDATE SET count = webhook_counters.count + 1",
-                (attempt.result,),
-            )
+            if attempts:
+                self._log(tx, attempts)
         return moved
 
-    def _log(self, tx: Transaction, subscription_id: uuid.UUID, a: Attempt) -> None:
-        sid = self._id(subscription_id)
-        rows = tx.execute(
+    def _log(self, tx: Transaction, attempts: list[Attempt]) -> None:
+        tx.executemany(
             "INSERT INTO webhook_deliveries (subscription_id, position, event_id, attempt, at,"
             " result, status, latency_ms, snippet, next_attempt_at, request_id)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
-            (
-                sid,
-                a.position,
-                a.event_id,
-                a.attempt,
-                a.at,
-                a.result,
-                a.status,
-                a.latency_ms,
-                a.snippet,
-                a.next_attempt_at,
-                a.request_id,
-            ),
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [
+                (
+                    self._id(a.subscription_id),
+                    a.position,
+                    a.event_id,
+                    a.attempt,
+                    a.at,
+                    a.result,
+                    a.status,
+                    a.latency_ms,
+                    a.snippet,
+                    a.next_attempt_at,
+                    a.request_id,
+                )
+                for a in attempts
+            ],
         )
-        if int(rows[0][0]) % 20 == 0:  # now and then: keep the latest LOG_KEPT
-            tx.execute(
-                "DELETE FROM webhook_deliveries WHERE subscription_id = ? AND id <"
-                " (SELECT min(id) FROM (SELECT id FROM webhook_deliveries"
-                "  WHERE subscription_id = ? ORDER BY id DESC LIMIT ?) AS kept)",
-                (sid, sid, LOG_KEPT),
-            )
+        results = Counter(a.result for a in attempts)
+        tx.executemany(
+            "INSERT INTO webhook_counters (result, count) VALUES (?, ?)"
+            " ON CONFLICT (result) DO UPDATE SET count = webhook_counters.count + excluded.count",
+            sorted(results.items()),
+        )
+        for sid in {a.subscription_id for a in attempts}:
+            if random.random() < len(attempts) / 20:  # now and then: keep the latest LOG_KEPT
+                tx.execute(
+                    "DELETE FROM webhook_deliveries WHERE subscription_id = ? AND id <"
+                    " (SELECT min(id) FROM (SELECT id FROM webhook_deliveries"
+                    "  WHERE subscription_id = ? ORDER BY id DESC LIMIT ?) AS kept)",
+                    (self._id(sid), self._id(sid), LOG_KEPT),
+                )
 
     def deliveries(self, subscription_id: uuid.UUID, limit: int) -> list[Attempt]:
         with self.database.transaction() as tx:
@@ -295,6 +296,7 @@ class SubscriptionStore:
             )
         return [
             Attempt(
+                subscription_id,
                 int(r[0]),
                 str(r[1]),
                 int(r[2]),
@@ -337,6 +339,7 @@ class SubscriptionStore:
 class Attempt:
     """One delivery attempt as the log keeps it: no body, no header."""
 
+    subscription_id: uuid.UUID
     position: int
     event_id: str
     attempt: int

@@ -4,8 +4,9 @@
   address is permitted (``NetworkPolicy``): a DNS answer that changed since
   subscribe time (rebinding) is refused here. TLS still verifies the name.
 - No redirect is followed (a 3xx is a failure), no proxy from the
-  environment is used (it would connect on our behalf, unchecked), no
-  connection is kept between attempts.
+  environment is used (it would connect on our behalf, unchecked). A
+  subscription keeps its one connection up to KEEPALIVE_SECONDS between
+  deliveries (a new connection is checked again).
 - Bounded: ``timeout`` seconds for connect, write and each read, and the
   whole attempt abandoned once ``timeout`` has passed; at most
   ``SNIPPET_READ`` bytes of the answer are read, of which a short snippet,
@@ -30,6 +31,9 @@ from kandev_es.webhooks.addresses import NetworkPolicy, resolve
 SNIPPET_READ = 4096
 SNIPPET_CHARS = 200
 USER_AGENT = "kandev-es-webhooks/1"
+# One connection per subscription, kept between its deliveries for this long
+# (checked when made; a receiver's answer not read whole closes it).
+KEEPALIVE_SECONDS = 5.0
 
 
 class GuardedBackend(httpcore.SyncBackend):
@@ -68,7 +72,8 @@ class GuardedTransport(httpx.HTTPTransport):
         self._pool = httpcore.ConnectionPool(
             ssl_context=self._pool._ssl_context,
             max_connections=1,
-            max_keepalive_connections=0,
+            max_keepalive_connections=1,
+            keepalive_expiry=KEEPALIVE_SECONDS,
             network_backend=GuardedBackend(policy),
         )
 
