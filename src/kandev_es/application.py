@@ -322,6 +322,8 @@ class Tasks(Application):  # type: ignore[type-arg]
         draw: tuple[uuid.UUID, Mapping[uuid.UUID, int]] | None,
     ) -> tuple[dict[uuid.UUID, Aggregate | None], int | None]:
         wanted = ids if isinstance(ids, list) else list(ids)
+        if not wanted:  # nothing to read (PostgreSQL's query needs at least one id)
+            return {}, None
         if len(wanted) > 1 and len(set(wanted)) < len(wanted):
             wanted = list(dict.fromkeys(wanted))
         cache = self._snapshots

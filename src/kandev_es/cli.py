@@ -328,8 +328,10 @@ def runtime(once: bool, poll: float, parked: bool) -> None:
 def serve(host: str, port: int, workers: int | None, threads: int) -> None:
     """Run the API (embedded SQLite by default; PostgreSQL with KANDEV_DATABASE_URL).
 
-    Creates the store on first start (and a `default` workspace and an admin token,
-    printed once). Logs at INFO; another level is the global option:
+    Creates the store on first start; on an empty store also a `default` workspace
+    and an admin token, printed once (with KANDEV_LOG_FORMAT=json no token: make one
+    with `kandev-es token create --admin`). Logs at INFO; another level is the
+    global option:
 
     \b
       kandev-es --log-level debug serve

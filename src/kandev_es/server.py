@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -11,21 +12,33 @@ import click
 from kandev_es import metrics
 from kandev_es.config import Settings, served_url_file
 
+TOKEN_HOWTO = "make a token with `kandev-es token create --admin` (or `--workspace NAME`)"
+
 
 def first_start(settings: Settings, host: str, port: int) -> None:
-    """Create the `default` workspace once and show an admin token for it."""
+    """On an empty store only (nothing stored yet: the embedded first start, or
+    a fresh database nobody set up), create the `default` workspace and an
+    admin token and show them; a store that holds anything (the PostgreSQL
+    runbook's `workspace create`, `token create`) gets neither. A secret is
+    shown only on a text log stream: with KANDEV_LOG_FORMAT=json no token is
+    made and one JSON line says how to get one (a log shipper keeps stderr)."""
     # Imported here: http/gunicorn.conf.py imports this module into the gunicorn
     # master, which should load no application code before its workers fork.
     from kandev_es.bootstrap import bootstrap
 
     services = bootstrap(settings.with_overrides(create_tables=False))
     try:
-        workspace, created = services.workspaces.ensure("default")
-        if not created:
-            click.echo(
-                f"kandev-es: workspace default = {workspace.id}; "
-                "make tokens with `kandev-es token create`",
-                err=True,
+        if services.app.max_notification_id() > 0:
+            existing = services.workspaces.get_by_name("default")
+            named = f"workspace default = {existing.id}; " if existing else ""
+            _say(settings, f"kandev-es: {named}{TOKEN_HOWTO}")
+            return
+        workspace, _ = services.workspaces.ensure("default")
+        if settings.log_format == "json":
+            _say(
+                settings,
+                f"kandev-es: created workspace default = {workspace.id}; {TOKEN_HOWTO}"
+                " (no token is shown in JSON logs)",
             )
             return
         secret, _ = services.tokens.issue(workspace_id=None, admin=True, label="first start")
@@ -45,6 +58,14 @@ def first_start(settings: Settings, host: str, port: int) -> None:
         ),
         err=True,
     )
+
+
+def _say(settings: Settings, line: str) -> None:
+    """One line on stderr: a log record where lines are JSON, else as it is."""
+    if settings.log_format == "json":
+        logging.getLogger("kandev_es").warning(line)
+    else:
+        click.echo(line, err=True)
 
 
 def gunicorn_settings(settings: Settings, threads: int, timeout: int = 60) -> dict[str, Any]:
@@ -77,9 +98,7 @@ def gunicorn_settings(settings: Settings, threads: int, timeout: int = 60) -> di
     }
 
 
-def run_server(
-    settings: Settings, host: str, port: int, workers: int | None, threads: int
-) -> None:
+def run_server(settings: Settings, host: str, port: int, workers: int | None, threads: int) -> None:
     from gunicorn.app.base import BaseApplication
 
     # SQLite has one writer: one worker process with threads. PostgreSQL scales out.

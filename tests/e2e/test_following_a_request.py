@@ -88,6 +88,11 @@ def served(settings, tmp_path):
         _with_password(settings), tmp_path / "logs",
         KANDEV_LOG_FORMAT="json", KANDEV_AGENT_COMMAND=f"/bin/sh {script}",
     )
+    # JSON logs show no token (docs/observability.md): one made as the line says.
+    assert server.token is None and "token create --admin" in server.output()
+    issued = run_cli(_with_password(settings), "token", "create", "--admin")
+    assert issued.returncode == 0, issued.stderr
+    server.token = json.loads(issued.stdout)["token"]
     yield server
     server.stop()
 
