@@ -114,6 +114,41 @@ def _wait_delivered(server: ServedProcess, count: int) -> str:
         time.sleep(0.2)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_two_deliverers_one_leads_and_the_other_takes_over_when_it_dies(settings, tmp_path):
+    """Two `kandev-es webhook deliver` processes on one store (two nodes): one
+    delivers, each event once and in order; SIGKILL it and the other takes
+    over from the stored cursor: nothing lost, nothing out of order."""
+    env = {**HOOK_ENV, "KANDEV_WEBHOOKS_IN_PROCESS": "false"}
+    with (
+        Receiver() as receiver,
+        ServedProcess(settings, tmp_path / "logs", **env) as server,
+    ):
+        subscribe(server, receiver.url)
+        args = ["--log-level", "INFO", "webhook", "deliver"]
+        first = Launched(args, settings, tmp_path / "deliver-a.log", **env)
+        second = Launched(args, settings, tmp_path / "deliver-b.log", **env)
+        try:
+            create_tasks(server, ["A0", "A1", "A2"])
+            before = feed_ids(server)
+            receiver.wait_for(lambda r: [x.webhook_id for x in r] == before, 60)
+            leaders = [p for p in (first, second) if "delivers now" in p.output()]
+            assert len(leaders) == 1, (first.log(), second.log())
+            time.sleep(0.3)  # its progress written (every 20 ms)
+            os.killpg(leaders[0].process.pid, signal.SIGKILL)
+            leaders[0].process.wait(10)
+            create_tasks(server, ["B0", "B1", "B2"])
+            expected = feed_ids(server)
+            got = receiver.wait_for(lambda r: expected[-1] in [x.webhook_id for x in r], 60)
+            other = second if leaders[0] is first else first
+            assert "delivers now" in other.output()
+        finally:
+            first.stop()
+            second.stop()
+    assert [r.webhook_id for r in got] == expected
+
+
 def receiver_program() -> str:
     page = (ROOT / "docs" / "webhooks.md").read_text(encoding="utf-8")
     block = page.split("<!-- receiver -->\n```python\n", 1)[1].split("```", 1)[0]

@@ -208,6 +208,14 @@ def test_in_feed_order_the_third_event_failing_five_times_holds_the_rest_back(
         if a["webhook_id"] == expected[2]
     )
     assert attempts_of_third == [1, 2, 3, 4, 5, 6]
+    # each attempt carries its own request id, as the log keeps it (a request's, traced alike)
+    logged = {
+        a["request_id"]
+        for a in services.webhooks.service.deliveries(workspace.id, uuid.UUID(made["id"]), 100)[
+            "items"
+        ]
+    }
+    assert {r.headers["x-request-id"] for r in got} == logged and len(logged) == len(got)
     state = services.webhooks.service.get(workspace.id, uuid.UUID(made["id"]))
     assert state["attempts"] == 0 and state["state"] == "active"
 
