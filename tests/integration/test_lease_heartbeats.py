@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -271,3 +272,76 @@ def test_a_runtime_on_another_node_completes_what_the_first_node_made(
                    and e.status == "succeeded"]
     assert succeeded.evidence["worktree"] == made
     assert branches(repo) == ["kandev/KAN-1", "main"] and worktrees(repo) == [made]
+
+
+def test_a_release_while_a_renewed_step_runs_neither_stops_the_step_nor_is_lost(
+    client, services, owner_settings, workspace, operator, tmp_path
+):
+    """An operator releases the identity while the owner's step runs and
+    renews: the renewal that meets the Released re-reads (same epoch: still
+    the owner's) and goes on renewing, the owner re-reads before recording
+    its step instead of saving over the release, and the creation completes
+    as created_identity_lost (AC-7), with no takeover."""
+    from tests.integration.test_release import release
+
+    _, secret = operator
+    repo, log = slow_repository(tmp_path / "backend", 3 * LEASE)
+    services.repositories.register(workspace.id, "backend", str(repo))
+    body = {"external_id": "HB-5", "title": "t", "repositories": ["backend"]}
+    owner = bootstrap(owner_settings)
+    answer: dict[str, Any] = {}
+
+    def create() -> None:
+        principal = owner.tokens.authenticate(secret)
+        answer["result"] = owner.creation.create(principal, body).to_response()
+
+    thread = threading.Thread(target=create)
+    try:
+        with runtime(owner_settings):
+            thread.start()
+            wait_for(lambda: checkouts(log) == 1, 30, "the hook")
+            wait_for(lambda: "LeaseRenewed" in kinds(events(services, workspace, "HB-5")),
+                     10, "a renewal")
+            released = release(client, workspace, secret, "HB-5", "op-hb-5")
+            assert released.status_code == 200, released.json
+            thread.join(timeout=30)
+    finally:
+        thread.join(timeout=30)
+        owner.close()
+    assert answer["result"]["outcome"] == "created_identity_lost", answer
+    found = kinds(events(services, workspace, "HB-5"))
+    assert "RecoveryClaimed" not in found and found[-1] == "Completed", found
+    assert "LeaseRenewed" in found[found.index("Released"):], found  # renewed on after it
+    assert branches(repo) == ["kandev/KAN-1", "main"] and len(worktrees(repo)) == 1
+
+
+def test_renewals_are_fenced_by_the_stream_version_and_the_epoch(services, workspace):
+    """Lease.renew on the real store: through the owner's own Identity while
+    nobody else writes; after an operator's release (same epoch) on a fresh
+    read, marking the owner's copy stale (it must be read again, not saved:
+    it lacks the release); after a takeover, refused (LeaseLost, ``lost``)."""
+    from kandev_es.creation.lease import Lease, LeaseLost
+    from tests.integration.helpers import start_unsettled_creation
+
+    start_unsettled_creation(services, workspace, "HB-6")
+    key = identity_id(workspace.id, "HB-6")
+    mine = services.app.load(key, Identity)
+    assert mine is not None
+    lease = Lease(services.app, key, 1, 0, 30.0)
+    with lease.renewing(mine):  # the beat itself waits 10 s: only these renewals
+        lease.renew()
+        assert not lease.stale and mine.version == services.app.load(key, Identity).version
+        other = services.app.load(key, Identity)
+        other.release(1, "op-hb-6", "manual", actor="cli")
+        services.app.save_atomically(other)
+        lease.renew()
+        assert lease.stale and not lease.lost.is_set()
+    assert kinds(events(services, workspace, "HB-6"))[-3:] == [
+        "LeaseRenewed", "Released", "LeaseRenewed"]
+    taker = services.app.load(key, Identity)
+    taker.recover(1, "runtime:other", datetime.now(UTC) + timedelta(seconds=30))
+    services.app.save_atomically(taker)
+    with pytest.raises(LeaseLost):
+        lease.renew()
+    assert lease.lost.is_set()
+    assert kinds(events(services, workspace, "HB-6"))[-1] == "RecoveryClaimed"
