@@ -245,15 +245,16 @@ def test_an_owner_that_lost_its_lease_leaves_no_effect_behind(
 
 @pytest.mark.postgres_only  # SQLite's store is in the data dir: one data dir, one node
 def test_a_runtime_on_another_node_completes_what_the_first_node_made(
-    services, settings, workspace, member, tmp_path
+    services, settings, workspace, member, tmp_path, agents
 ):
     """Node B's owner dies right after its repository step (its worktree under
     B's data dir); node A's Runtime, with a data dir of its own, recognises
-    the branch's worktree and completes the creation instead of aborting."""
+    the branch's worktree, completes the creation instead of aborting, and
+    starts the task's agent in that worktree."""
     repo, _ = slow_repository(tmp_path / "backend", 0)
     services.repositories.register(workspace.id, "backend", str(repo))
-    body = {"external_id": "HB-4", "title": "t",
-            "repositories": ["backend"]}
+    body = {"external_id": "HB-4", "title": "t", "repositories": ["backend"],
+            "start_agent": True}
     node_b = settings.with_overrides(data_dir=tmp_path / "node-b", lease_seconds=LEASE,
                                      failpoint="repository:after")
     owner = Owner(node_b, member[1], body, tmp_path)
@@ -264,13 +265,15 @@ def test_a_runtime_on_another_node_completes_what_the_first_node_made(
     assert code == -signal.SIGKILL, err[-3000:]
     [made] = worktrees(repo)
     assert Path(made).is_relative_to(tmp_path / "node-b")
+    agents.append(Path(made).parent.name)  # the task id: its agent is stopped at the end
     with runtime(settings.with_overrides(data_dir=tmp_path / "node-a")):
-        wait_for(lambda: phase(services, workspace, "HB-4") == COMPLETED, 20, "completion")
+        wait_for(lambda: phase(services, workspace, "HB-4") == COMPLETED, 30, "completion")
     found = events(services, workspace, "HB-4")
     assert "Aborting" not in kinds(found)
-    [succeeded] = [e for e in found if type(e).__name__ == "StepRecorded"
-                   and e.status == "succeeded"]
-    assert succeeded.evidence["worktree"] == made
+    succeeded = {e.step: e.evidence for e in found
+                 if type(e).__name__ == "StepRecorded" and e.status == "succeeded"}
+    assert succeeded["repository:backend"]["worktree"] == made
+    assert succeeded["agent_launch"]["cwd"] == made
     assert branches(repo) == ["kandev/KAN-1", "main"] and worktrees(repo) == [made]
 
 
