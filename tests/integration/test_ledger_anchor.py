@@ -167,8 +167,15 @@ def test_after_a_real_restore_an_operator_reanchors_with_a_signed_statement(
     note = restarted(services).catch_up()
     assert parse_checkpoint(split_note(note)[0]).size > anchor.size
     assert verify_ledger(services.app, services.database, keyring(services)).ok
-    # The auditor's checkpoint from before the restore shows the fork.
+    # The auditor's checkpoint from before the restore shows the fork, and the
+    # report says an operator re-anchored it, when and why.
     assert not verify_ledger(services.app, services.database, keyring(services), lost).ok
+    (tmp_path / "lost.txt").write_text(lost)
+    audited = cli("audit", "verify", "--ledger", "--checkpoint", str(tmp_path / "lost.txt"))
+    assert audited.exit_code == 1
+    assert (f"note: an operator re-anchored the log after a restore: old {old.size}"
+            in audited.stdout), audited.stdout
+    assert "reason INC-42 restore of the 02:00 backup" in audited.stdout
 
 
 def create_more(services, workspace, member, external_id) -> bool:

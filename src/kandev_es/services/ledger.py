@@ -396,7 +396,8 @@ class Sequencer:
                                     " match its log: it is not a restore to re-anchor to")
             if stored is None and size > 0:
                 store.add_checkpoint(tx, size, note, time.time())
-        statement = sign_note(reanchor_text(signer.name, anchor, size, root, reason), signer)
+            statement = sign_note(reanchor_text(signer.name, anchor, size, root, reason), signer)
+            store.add_reanchor(tx, statement, time.time())  # what audit verify explains forks by
         keys.append_statement(self._files, statement)
         keys.write_anchor(self._files, note, force=True)
         log.warning("ledger: RE-ANCHORED by an operator (%s): from size %d root %s to size %d"

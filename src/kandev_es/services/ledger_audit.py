@@ -26,7 +26,7 @@ from typing import Any
 
 from kandev_es_client import ledger as chains
 from kandev_es_client import merkle
-from kandev_es_client.signed_note import Checkpoint, Keyring, NoteError
+from kandev_es_client.signed_note import Checkpoint, Keyring, NoteError, open_note
 
 from kandev_es.application import Tasks
 from kandev_es.services.ledger_heads import signed_map_problems
@@ -56,6 +56,9 @@ class LedgerReport:
     leaves: int = 0
     checkpoints: int = 0
     problems: list[Problem] = field(default_factory=list)
+    # The operators' re-anchor statements that verify (audit reanchor): what
+    # explains a checkpoint of the history before a restore failing here.
+    reanchors: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -64,7 +67,7 @@ class LedgerReport:
     def to_dict(self) -> dict[str, Any]:
         return {"ok": self.ok, "events": self.events, "leaves": self.leaves,
                 "checkpoints": self.checkpoints,
-                "problems": [p.__dict__ for p in self.problems]}
+                "problems": [p.__dict__ for p in self.problems], "reanchors": self.reanchors}
 
 
 @dataclass(frozen=True)
@@ -285,6 +288,22 @@ def _check_order(leaves: list[Leaf], by_position: dict[int, _Event],
                                            " log's (positions swapped or rewritten)"))
 
 
+def _check_reanchors(statements: list[str], keyring: Keyring, report: LedgerReport) -> None:
+    """The re-anchor statements: each must be signed by a key of the keyring;
+    the ones that are are summed up for the report (old and new size, when,
+    why), a forged one is a problem."""
+    verifiers = [entry.verifier for entry in keyring.entries]
+    for note in statements:
+        try:
+            text, _ = open_note(note, verifiers)
+        except NoteError as error:
+            report.problems.append(Problem(None, None, f"a re-anchor statement in the store"
+                                           f" does not verify ({error})"))
+            continue
+        lines = text.splitlines()
+        report.reanchors.append(" ".join(line for line in lines[2:6]))
+
+
 def verify_ledger(
     app: Tasks, database: Database, keyring: Keyring, outside: str | None = None
 ) -> LedgerReport:
@@ -311,6 +330,8 @@ def verify_ledger(
         notes = [(f"stored checkpoint {size}", note) for size, note in store.all_checkpoints(tx)]
         stored = store.stored_chain_hashes(tx, database.backend, table)
         spelled = store.stored_stream_ids(tx, database.backend, table)
+        statements = store.reanchors(tx)
+    _check_reanchors(statements, keyring, report)
     _check_stream_ids(events, spelled, database.backend, report)
     _check_stored_chains(events, stored, report)
     if outside is not None:
@@ -334,6 +355,11 @@ def describe(report: LedgerReport) -> list[str]:
     head = (f"ledger: {report.events} events, {report.leaves} in the log, "
             f"{report.checkpoints} signed checkpoints checked")
     lines = [head, *(f"  {p.line()}" for p in report.problems)]
+    for statement in report.reanchors:
+        lines.append(f"  note: an operator re-anchored the log after a restore: {statement};"
+                     " a checkpoint of the history before it that fails above is of a"
+                     " history that no longer exists (docs/operations.md, Restoring the"
+                     " ledger)")
     lines.append("OK" if report.ok else f"FAILED: {len(report.problems)} problem(s)")
     return lines
 

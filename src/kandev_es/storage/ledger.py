@@ -45,6 +45,7 @@ SQLITE_DDL = (
     "CREATE TABLE IF NOT EXISTS ledger_map_state ("
     " id INTEGER PRIMARY KEY CHECK (id = 1), tree_size INTEGER NOT NULL)",
     "INSERT INTO ledger_map_state (id, tree_size) VALUES (1, 0) ON CONFLICT (id) DO NOTHING",
+    "CREATE TABLE IF NOT EXISTS ledger_reanchors (signed_at REAL NOT NULL, note TEXT NOT NULL)",
 )
 POSTGRES_DDL = (
     "CREATE TABLE IF NOT EXISTS ledger_leaves ("
@@ -68,6 +69,8 @@ POSTGRES_DDL = (
     "CREATE TABLE IF NOT EXISTS ledger_map_state ("
     " id INTEGER PRIMARY KEY CHECK (id = 1), tree_size BIGINT NOT NULL)",
     "INSERT INTO ledger_map_state (id, tree_size) VALUES (1, 0) ON CONFLICT (id) DO NOTHING",
+    "CREATE TABLE IF NOT EXISTS ledger_reanchors ("
+    " signed_at DOUBLE PRECISION NOT NULL, note TEXT NOT NULL)",
 )
 
 NodeKey = tuple[int, int]
@@ -394,3 +397,13 @@ def stream_id_guard_ddl(backend: str, table: str) -> tuple[str, ...]:
         f"CREATE TRIGGER IF NOT EXISTS {table}_canonical_stream_id_update"
         f" BEFORE UPDATE OF originator_id ON {table} {check}",
     )
+
+
+def add_reanchor(tx: Transaction, note: str, signed_at: float) -> None:
+    """An operator's signed re-anchor statement (``audit reanchor``)."""
+    tx.execute("INSERT INTO ledger_reanchors (signed_at, note) VALUES (?, ?)", (signed_at, note))
+
+
+def reanchors(tx: Transaction) -> list[str]:
+    rows = tx.execute("SELECT note FROM ledger_reanchors ORDER BY signed_at")
+    return [str(note) for (note,) in rows]
