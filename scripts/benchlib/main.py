@@ -17,6 +17,7 @@ import psycopg
 from benchlib.chains import chains_cost
 from benchlib.common import load_average, say
 from benchlib.database import database, durability, with_schema
+from benchlib.fanout import CONSUMERS, fanout_cost, fanout_targets
 from benchlib.in_process import in_process, transactions
 from benchlib.over_http import served
 from benchlib.rebuild import rebuild_rate
@@ -76,6 +77,11 @@ def arguments() -> argparse.ArgumentParser:
                         help="measure only the 'webhooks' section: Created over HTTP with no"
                         " webhook subscription and with one to a fast local receiver (its"
                         " lag and what it costs; docs/webhooks.md)")
+    parser.add_argument("--fanout-only", action="store_true",
+                        help="measure only the 'fanout' section: Created over HTTP with 0, 1,"
+                        " 10 and 50 SSE consumers of the feed (docs/benchmarks.md)")
+    parser.add_argument("--fanout-consumers", type=counts, default=list(CONSUMERS),
+                        help="consumer counts for 'fanout' (default 0,1,10,50; 0 first)")
     parser.add_argument("--rounds", type=positive, default=1,
                         help="rounds of the HTTP measurement in 'scaling', the two servers"
                         " alternating which goes first; figures are medians (default 1;"
@@ -101,7 +107,10 @@ def main() -> int:
         shutil.rmtree(tmp, ignore_errors=True)
     if args.chains_only:
         report["targets"] = chains_targets(report["chains"])
-    if args.scaling_only or args.tracing_only or args.chains_only or args.webhooks_only:
+    if args.fanout_only:
+        report["targets"] = fanout_targets(report["fanout"])
+    if (args.scaling_only or args.tracing_only or args.chains_only or args.webhooks_only
+            or args.fanout_only):
         print(json.dumps(report, indent=2))
         return 0
     report["targets"] = targets(report)
@@ -128,6 +137,11 @@ def on_schema(report: dict[str, Any], args: argparse.Namespace, admin_url: str,
         if args.webhooks_only:
             report["webhooks"] = webhooks_cost(services, url, tmp, args.workers, args.clients,
                                                args.seconds, args.rounds)
+            return
+        if args.fanout_only:
+            counts = tuple(dict.fromkeys([0, *args.fanout_consumers]))
+            report["fanout"] = fanout_cost(url, tmp, services, args.workers, args.clients,
+                                           args.seconds, args.rounds, admin_url, counts=counts)
             return
         if args.scaling or args.scaling_only:
             report["scaling"] = scaling(

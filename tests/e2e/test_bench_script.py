@@ -375,3 +375,31 @@ def test_the_webhooks_section_delivers_every_created_and_compares_with_none():
         assert row["on"]["lag_ms_p50"] <= row["on"]["lag_ms_p99"] <= row["on"]["lag_ms_max"]
     assert section["missing"] == 0
     assert set(section["targets"]) == {"lag_p99_le_1s", "cost_le_10_percent"}
+
+
+@pytest.mark.slow
+def test_fanout_section_counts_every_consumer_s_every_task_and_judges_the_ratios():
+    """scripts/bench --fanout-only, two alternating rounds of 0 and 3 consumers:
+    every consumer got every task.created of the load once, the ratios are the
+    medians of each round's ratio to no consumer, and the targets read them
+    (50 consumers not measured here: reported so). No timing is asserted."""
+    report, stderr = bench(
+        "--fanout-only", "--fanout-consumers", "3", "--rounds", "2", "--seconds", "0.5",
+        "--workers", "1", "--clients", "4",
+    )
+    fanout = report["fanout"]
+    rounds = fanout["rounds"]
+    assert [run["order"] for run in rounds] == [[0, 3], [3, 0]]
+    assert "fanout round 2/2: consumers [3, 0]" in stderr
+    for run in rounds:
+        for count in ("0", "3"):
+            assert run[count]["created_per_s"] > 0 and run[count]["failed"] == {}
+        assert run["3"]["missing"] == 0 and run["3"]["twice"] == 0 and run["3"]["ended"] == {}
+    three = fanout["by_consumers"]["3"]
+    assert three["ratio"] == pytest.approx(statistics.median(
+        run["3"]["created_per_s"] / run["0"]["created_per_s"] for run in rounds), abs=0.002)
+    assert "cpu_us_per_frame_per_consumer" in three
+    targets = report["targets"]
+    assert targets["every_consumer_every_task_once"]["met"] is True
+    for count in (1, 10, 50):  # not measured by this run
+        assert targets[f"created_with_{count}_consumers_vs_none"]["met"] is None

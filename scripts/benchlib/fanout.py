@@ -1,0 +1,223 @@
+"""What feed consumers cost the writers (issue 48, docs/benchmarks.md): Created
+over HTTP at --clients on --workers with 0, 1, 10 and 50 SSE consumers of the
+workspace feed (each on a thread of its own, draining its stream as it comes),
+each count on a server started afresh, the counts' order reversed every other
+round. The stream caps are raised for the run (KANDEV_MAX_STREAMS and
+KANDEV_MAX_STREAMS_PER_TOKEN: 50 consumers over 32 a worker). Per count:
+Created/s and its ratio to no consumer in the same round, the servers' and
+PostgreSQL's CPU per Created, whether every consumer got every task.created of
+the load once (``missing``, ``twice``), and the servers' CPU per frame
+delivered to one consumer: (CPU per Created with N - with none) / N."""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import socket
+import statistics
+import threading
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from benchlib.common import WAIT_S, body, concurrent_count, load_average, ratio, say
+from benchlib.cpu import PostgresSide, cpu_delta, family_cpu
+from benchlib.server import Client, Gunicorn, db_init, environment
+from kandev_es.bootstrap import Services
+
+CONSUMERS = (0, 1, 10, 50)
+TARGETS = {1: 0.95, 10: 0.9, 50: 0.75}  # Created/s with N consumers / with none
+
+
+class Consumer:
+    """One SSE consumer: the task ids of the task.created events it got."""
+
+    def __init__(self, port: int, token: str, workspace: uuid.UUID, after: int) -> None:
+        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        self.conn.connect()
+        self.sock = self.conn.sock
+        self.conn.request(
+            "GET", f"/api/v1/workspaces/{workspace}/events/stream?after={after}&max_seconds=600",
+            headers={"Authorization": f"Bearer {token}"})
+        self.response = self.conn.getresponse()
+        assert self.response.status == 200, (self.response.status, self.response.read())
+        self.created: list[str] = []
+        self.ending = ""  # the stream's last comment, if it ended
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self) -> None:
+        kind = ""
+        with contextlib.suppress(OSError, http.client.HTTPException, ValueError):
+            for line in self.response:
+                if line.startswith(b"event: "):
+                    kind = line[7:].strip().decode()
+                elif line.startswith(b"data: ") and kind == "task.created":
+                    self.created.append(json.loads(line[6:])["subject"])
+                elif line.startswith(b": stream closed"):
+                    self.ending = line.decode().strip()
+
+    def stop(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        self.thread.join(timeout=WAIT_S)
+        self.conn.close()
+
+
+def _head(port: int, token: str, workspace: uuid.UUID) -> int:
+    """The workspace feed's last position (its JSON feed paged to the end)."""
+    client, after = Client(port, token), 0
+    while True:
+        status, page = client.request("GET", f"/api/v1/workspaces/{workspace}/events"
+                                      f"?after={after}&limit=1000")
+        assert status == 200, page
+        after = page["next_cursor"]
+        if not page["has_more"]:
+            return int(after)
+
+
+def _creates(port: int, token: str, workspace: uuid.UUID, made: list[str],
+             failures: Counter[str]) -> Any:
+    """One client's call: a create, its task id noted in ``made``."""
+    client = Client(port, token)
+
+    def run() -> None:
+        try:
+            status, reply = client.request(
+                "POST", "/api/v1/tasks", body(workspace, f"FAN-{uuid.uuid4()}"))
+        except (OSError, http.client.HTTPException) as error:
+            failures[type(error).__name__] += 1
+            return
+        if status != 200 or reply.get("outcome") != "created":
+            failures[f"{status}:{(reply or {}).get('error')}"] += 1
+            return
+        made.append(reply["id"])
+
+    return run
+
+
+def _delivered(consumers: list[Consumer], made: list[str]) -> dict[str, Any]:
+    """Waits (up to WAIT_S) for every consumer to have every task, then says
+    how many each missed or got twice."""
+    deadline = time.monotonic() + WAIT_S
+    wanted = set(made)
+    while time.monotonic() < deadline and any(
+        not wanted <= set(c.created) and not c.ending for c in consumers
+    ):
+        time.sleep(0.1)
+    time.sleep(0.3)  # anything twice would come now
+    missing = sum(len(wanted - set(c.created)) for c in consumers)
+    twice = sum(len(c.created) - len(set(c.created)) for c in consumers)
+    endings = Counter(c.ending for c in consumers if c.ending)
+    return {"missing": missing, "twice": twice, "ended": dict(endings)}
+
+
+def one_count(env: dict[str, str], workers: int, clients: int, seconds: float, count: int,
+              token: str, workspace: uuid.UUID, log: Path,
+              postgres: PostgresSide) -> dict[str, Any]:
+    """Created/s with ``count`` consumers, on a server started afresh."""
+    server = Gunicorn(env, workers, log)
+    consumers: list[Consumer] = []
+    made: list[str] = []
+    failures: Counter[str] = Counter()
+    spent: dict[str, Any] = {}
+    try:
+        after = _head(server.port, token, workspace)
+        consumers = [Consumer(server.port, token, workspace, after) for _ in range(count)]
+        time.sleep(1.0)  # each caught up and joined its worker's reader
+        done, elapsed = concurrent_count(
+            lambda: _creates(server.port, token, workspace, made, failures), clients, seconds,
+            started_hook=lambda: spent.update(cpu=family_cpu(server.process.pid),
+                                              pg=postgres.cpu(), made=len(made)),
+            stopped_hook=lambda: spent.update(
+                cpu=cpu_delta(spent["cpu"], family_cpu(server.process.pid)),
+                pg=None if spent["pg"] is None else cpu_delta(spent["pg"], postgres.cpu())),
+        )
+        delivered = _delivered(consumers, made) if consumers else {}
+    finally:
+        for consumer in consumers:
+            consumer.stop()
+        server.stop()
+    timed = max(len(made) - spent["made"], 1)
+    result = {"consumers": count, "created_per_s": round(done / elapsed, 1),
+              "cpu_us_per_created": round(spent["cpu"] / 1e3 / timed, 1),
+              "failed": dict(failures), **delivered}
+    if spent["pg"] is not None:
+        result["pg_cpu_us_per_created"] = round(spent["pg"] / 1e3 / timed, 1)
+    return result
+
+
+def fanout_cost(url: str, tmp: Path, services: Services, workers: int, clients: int,
+                seconds: float, rounds: int, admin_url: str, initialised: bool = False,
+                counts: tuple[int, ...] = CONSUMERS) -> dict[str, Any]:
+    """The 'fanout' section: ``rounds`` rounds over ``counts``, alternating order."""
+    section: dict[str, Any] = {"load_before": load_average(), "workers": workers,
+                               "clients": clients}
+    workspace = services.workspaces.open("bench-fanout", "BFO")
+    token, _ = services.tokens.issue(workspace_id=workspace.id, admin=False)
+    most = max(counts)
+    env = environment(url, tmp / "data", KANDEV_MAX_STREAMS=str(max(32, most + 8)),
+                      KANDEV_MAX_STREAMS_PER_TOKEN=str(max(8, most)))
+    if not initialised:
+        db_init(env)
+    postgres = PostgresSide(admin_url)
+    runs = []
+    for number in range(rounds):
+        order = list(counts) if number % 2 == 0 else list(reversed(counts))
+        say(f"fanout round {number + 1}/{rounds}: consumers {order}")
+        run: dict[str, Any] = {"order": order, "load": load_average()}
+        for count in order:
+            run[str(count)] = one_count(env, workers, clients, seconds, count, token,
+                                        workspace.id, tmp / f"fanout-{count}-{number}.log",
+                                        postgres)
+        runs.append(run)
+    section.update(summary(runs, counts))
+    section["load_after"] = load_average()
+    return section
+
+
+def summary(runs: list[dict[str, Any]], counts: tuple[int, ...]) -> dict[str, Any]:
+    """Medians over the rounds per consumer count; ratios to no consumer taken
+    within each round; the servers' CPU per frame and consumer."""
+    table = {}
+    for count in counts:
+        key = str(count)
+        row: dict[str, Any] = {
+            "created_per_s": _median(runs, key, "created_per_s"),
+            "cpu_us_per_created": _median(runs, key, "cpu_us_per_created"),
+            "missing": sum(r[key].get("missing", 0) for r in runs),
+            "twice": sum(r[key].get("twice", 0) for r in runs),
+        }
+        if count:
+            row["ratio"] = round(statistics.median(
+                ratio(r[key]["created_per_s"], r["0"]["created_per_s"]) for r in runs), 3)
+            row["cpu_us_per_frame_per_consumer"] = round(statistics.median(
+                (r[key]["cpu_us_per_created"] - r["0"]["cpu_us_per_created"]) / count
+                for r in runs), 2)
+        table[key] = row
+    return {"by_consumers": table, "rounds": runs}
+
+
+def _median(runs: list[dict[str, Any]], key: str, field: str) -> float:
+    return round(statistics.median(r[key].get(field, 0.0) for r in runs), 1)
+
+
+def fanout_targets(section: dict[str, Any]) -> dict[str, Any]:
+    """Issue 48's: Created/s with 1, 10, 50 consumers >= 0.95x, 0.9x, 0.75x
+    without; every consumer got every task.created once."""
+    from benchlib.targets import judged
+
+    rounds = len(section["rounds"])
+    result = {}
+    for count, least in TARGETS.items():
+        row = section["by_consumers"].get(str(count))
+        measured = None if row is None else row["ratio"]
+        result[f"created_with_{count}_consumers_vs_none"] = judged(
+            f">= {least}", measured, measured is not None and measured >= least, rounds)
+    lost = sum(row["missing"] + row["twice"] for row in section["by_consumers"].values())
+    result["every_consumer_every_task_once"] = judged("== 0 missing or twice", lost, lost == 0,
+                                                      rounds)
+    return result
