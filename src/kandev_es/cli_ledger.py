@@ -189,7 +189,25 @@ def audit_rotate_key() -> None:
         services.close()
 
 
+@click.command("rebuild-heads", short_help="Rebuild the map of stream heads from the log (logged).")
+@store_options
+def audit_rebuild_heads() -> None:
+    """When the sequencer refuses to sign because the map of stream heads'
+    tables were changed: the next checkpoint builds the map again from the
+    log's leaves (which the signer's anchor holds to what it signed), so it
+    commits the log's own heads. Operators only (docs/auditing.md)."""
+    from kandev_es.services.ledger_heads import rebuild
+
+    services = open_store()
+    try:
+        size = rebuild(services.database)
+    finally:
+        services.close()
+    click.echo(f"the map of stream heads (it described the log at size {size}) will be built"
+               " again from the log at the next checkpoint")
+
+
 def register(audit: click.Group) -> None:
     for command in (audit_checkpoint, audit_checkpoints, audit_keyring, audit_consistency,
-                    audit_reanchor, audit_rotate_key):
+                    audit_reanchor, audit_rotate_key, audit_rebuild_heads):
         audit.add_command(command)

@@ -334,21 +334,58 @@ def test_a_bundle_without_its_completed_fails_and_the_map_is_the_logs(
                               f" v{completed}, the bundle ends at v{completed - 1}")
 
 
-def test_a_rewritten_map_of_stream_heads_is_found_by_the_audit(services, workspace, member):
-    """An attacker who empties the map's tables makes the next checkpoint
-    commit a map without the streams logged before: the full audit rebuilds
-    the map from the leaves and names that checkpoint, and a bundle fails."""
-    logged(services, workspace, member, "MAP-1")
+def test_a_changed_map_of_stream_heads_is_never_signed(cli, services, workspace, member):
+    """An attacker who changes a stream's head in the map's tables, or empties
+    them, would have the next checkpoint commit a wrong map: the signer
+    refuses instead, and signs again once the map is rebuilt from the log."""
+    from kandev_es.errors import LedgerRefused
+    from tests.integration.test_ledger_save_chains import save
+
+    stream = uuid.uuid4()
+    save(services, stream, range(1, 2))
+    first = logged(services, workspace, member, "MAP-1")
+    size = keyring(services).open_checkpoint(first).size
+    key = ledger.store.stream_key(services.database.backend, stream)
+
+    def refused_with(said):
+        with pytest.raises(LedgerRefused) as refused:
+            services.ledger.catch_up()
+        assert said in refused.value.message
+        assert ledger.latest_checkpoint(services.database) == first  # nothing signed
+
+    with services.database.transaction() as tx:  # the stream's head said to be another
+        tx.execute("UPDATE ledger_heads SET chain_hash = ? WHERE originator_id = ?",
+                   (bytes(32), key))
+    save(services, stream, range(2, 3))  # its bucket changes in the next checkpoint
+    refused_with("are not those its map committed to: the ledger_heads table was changed")
     with services.database.transaction() as tx:
         tx.execute("DELETE FROM ledger_heads")
         tx.execute("DELETE FROM ledger_map_nodes")
-    note = logged(services, workspace, member, "MAP-2")
-    size = keyring(services).open_checkpoint(note).size
+    refused_with(f"is not the one the checkpoint of size {size} committed to")
+    rebuilt = cli("audit", "rebuild-heads")
+    assert rebuilt.exit_code == 0, rebuilt.output
+    assert f"it described the log at size {size}" in rebuilt.stdout
+    note = services.ledger.catch_up()
+    assert keyring(services).open_checkpoint(note).size == size + 1
+    assert verify_ledger(services.app, services.database, keyring(services)).ok
+
+
+def test_a_wrong_map_signed_is_found_by_the_audit(services, workspace, member):
+    """A checkpoint signed by the log's key with a map that is not the log's
+    (what a signer without the map's checks could have signed): the full
+    audit rebuilds the map from the leaves and names it."""
+    from kandev_es_client import heads
+    from kandev_es_client import signed_note as sn
+
+    note = logged(services, workspace, member, "WRONG-1")
+    real = keyring(services).open_checkpoint(note)
+    wrong = sn.Checkpoint(real.origin, real.size, real.root,
+                          (heads.extension_line(heads.memory_root([])),))
+    forged = sn.sign_note(wrong.text(), ledger.load_signer(services.settings))
+    with services.database.transaction() as tx:
+        tx.execute("UPDATE ledger_checkpoints SET note = ? WHERE tree_size = ?",
+                   (forged, real.size))
     report = verify_ledger(services.app, services.database, keyring(services))
-    lines = [p.line() for p in report.problems]
-    assert f"stored checkpoint {size} (size {size}): its map of stream heads is not the" \
-        " log's: a stream's last event there is not the one the checkpoint commits to" in lines
-    bundle = ledger.proof_bundle(services.app, services.database, workspace.id, "MAP-1")
-    report = chains.verify_bundle(bundle, keyring(services))
-    assert not report.ok
-    assert "yet after the stream's head there (v0)" in report.findings[0].problem
+    assert [p.line() for p in report.problems] == [
+        f"stored checkpoint {real.size} (size {real.size}): its map of stream heads is not the"
+        " log's: a stream's last event there is not the one the checkpoint commits to"]

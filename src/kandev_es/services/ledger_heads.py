@@ -7,14 +7,19 @@ distribution's (kandev_es_client.heads), the code the offline verifier runs."""
 
 from __future__ import annotations
 
+import logging
 import uuid
 from typing import Any
 
 from kandev_es_client import heads
 from kandev_es_client.merkle import ProofError
-from kandev_es_client.signed_note import Checkpoint, Keyring, NoteError
+from kandev_es_client.signed_note import Checkpoint, Keyring, NoteError, split_note
 
+from kandev_es.errors import LedgerRefused
 from kandev_es.storage import ledger as store
+from kandev_es.storage.database import Database
+
+log = logging.getLogger("kandev_es.ledger")
 
 PAGE = 5000
 
@@ -49,17 +54,59 @@ def _nodes_source(tx: Any, backend: str, make: Any) -> heads.MapSource:
     return lambda level, index: found.get((level, index))
 
 
+def _changed_since_signed(tx: Any, backend: str, at: int) -> str | None:
+    """Why the stored map is not the one the latest checkpoint committed to
+    (its tables were changed since), or None. A map at size 0 is rebuilt
+    from the log, so it has nothing to check."""
+    latest = store.latest_checkpoint(tx)
+    if at == 0 or latest is None:
+        return None
+    text, _ = split_note(latest[1])
+    committed = heads.extension_root(text.split("\n")[3:-1])
+    if committed is None:
+        return None  # signed before maps (or a re-anchor's): nothing to hold it to
+    if latest[0] != at:
+        return (f"the database's map of stream heads describes the log at size {at}, but the"
+                f" latest checkpoint (size {latest[0]}) committed one of its own size")
+    if heads.root_of(_nodes_source(tx, backend, heads.root_of)) != committed:
+        return (f"the database's map of stream heads is not the one the checkpoint of size {at}"
+                " committed to")
+    return None
+
+
+def _check_buckets(
+    tx: Any, backend: str, contents: dict[int, list[tuple[uuid.UUID, int, bytes]]]
+) -> None:
+    """The rows of the buckets about to change still hash to their stored nodes."""
+    source = _nodes_source(tx, backend, lambda src: [src(0, b) for b in contents])
+    for bucket, entries in contents.items():
+        if heads.bucket_hash(heads.Head(*e) for e in entries) != heads.node(source, 0, bucket):
+            raise LedgerRefused(f"the database's stream heads of bucket {bucket} are not those"
+                                " its map committed to: the ledger_heads table was changed;"
+                                " see `kandev-es audit verify --ledger`, then `kandev-es audit"
+                                " rebuild-heads`")
+
+
 def advance(tx: Any, backend: str, size: int) -> bytes | None:
     """In the signing transaction: bring the map to the log at ``size`` and
     return its root; None when another signer already took it past ``size``
-    (this checkpoint must then not be signed)."""
+    (this checkpoint must then not be signed). LedgerRefused when the map's
+    tables were changed since the last checkpoint committed to them: the
+    signer never signs a map it did not build from the log."""
     at = store.map_size(tx, backend)
     if at > size:
         return None
+    problem = _changed_since_signed(tx, backend, at)
+    if problem is not None:
+        raise LedgerRefused(f"{problem}: its tables were changed; see `kandev-es audit verify"
+                            " --ledger`, then `kandev-es audit rebuild-heads`")
     if at == 0:
         store.clear_map(tx)
     if at < size:
         latest = _latest_heads(tx, at, size)
+        if at > 0:
+            _check_buckets(tx, backend, store.bucket_heads(
+                tx, backend, {heads.bucket_of(s) for s in latest}))
         store.upsert_heads(
             tx, backend,
             [(s, heads.bucket_of(s), v, h) for s, (v, h) in latest.items()],
@@ -75,6 +122,17 @@ def advance(tx: Any, backend: str, size: int) -> bytes | None:
         store.write_map_nodes(tx, backend, [(lv, ix, h) for (lv, ix), h in sorted(made.items())])
         store.set_map_size(tx, size)
     return heads.root_of(_nodes_source(tx, backend, heads.root_of))
+
+
+def rebuild(database: Database) -> int:
+    """``audit rebuild-heads``: the next checkpoint builds the map from the
+    log (its size set to 0); the size it described, logged."""
+    with database.transaction() as tx:
+        at = store.map_size(tx, database.backend)
+        store.set_map_size(tx, 0)
+    log.warning("ledger: the map of stream heads (at size %d) is to be rebuilt from the log,"
+                " by an operator", at)
+    return at
 
 
 def proof(tx: Any, backend: str, stream: uuid.UUID) -> dict[str, Any]:
