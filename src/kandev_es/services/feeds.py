@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kandev_es.errors import StoreUnavailable
+from kandev_es.errors import InternalError, StoreUnavailable
 from kandev_es.projections.feeds import feed_source
 from kandev_es.storage.database import Database
 
@@ -60,7 +60,7 @@ def end_open_streams() -> None:
         reader.stop()  # its followers end, and the streams waiting on them
 
 
-class FeedEnded(Exception):
+class FeedEnded(InternalError):
     """A follower of the feed is ended: ``reason`` says why (a stream's last
     comment: token revoked, workspace deleted, too slow, server stopping)."""
 

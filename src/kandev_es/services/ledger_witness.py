@@ -20,13 +20,15 @@ import httpx
 from kandev_es_client.signed_note import NoteError, split_note
 from kandev_es_client.witness import SIZE_TYPE, add_checkpoint_body
 
+from kandev_es.errors import InternalError
+
 log = logging.getLogger("kandev_es.ledger")
 TIMEOUT_SECONDS = 2.0
 RETRY_SECONDS = 30.0
 MAX_ANSWER = 4096
 
 
-class WitnessRefused(Exception):
+class WitnessRefused(InternalError):
     """A witness that did not cosign: why, in words."""
 
 
