@@ -82,7 +82,9 @@ def v1a_verifies(public_key, received):
     return True
 
 
-def test_subscription_routes_and_the_secret_shown_once(client, workspace, operator, member):
+def test_subscription_routes_and_the_secret_shown_once(
+    client, services, workspace, operator, member
+):
     _, secret = operator
     made = subscribe(
         client,
@@ -115,6 +117,12 @@ def test_subscription_routes_and_the_secret_shown_once(client, workspace, operat
     assert client.delete(f"{base}/{made['id']}", headers=bearer(secret)).status_code == 200
     gone = client.get(f"{base}/{made['id']}", headers=bearer(secret))
     assert gone.status_code == 404 and gone.json["error"] == "webhook_not_found"
+    # a deleted workspace's subscriptions go with it, secrets and all
+    subscribe(client, workspace, secret, "http://127.0.0.1:9/hook")
+    assert client.delete(
+        f"/api/v1/workspaces/{workspace.id}", headers=bearer(secret)
+    ).status_code == (200)
+    assert services.webhooks.store.all() == []
 
 
 BAD = [
@@ -342,3 +350,30 @@ def _wait(condition, timeout=30.0):
     while not condition():
         assert time.monotonic() < deadline, "condition not met in time"
         time.sleep(0.1)
+
+
+def test_retry_after_is_honoured_and_the_lag_metric_shows_the_wait(
+    client, services, workspace, operator, member, deliverer
+):
+    from kandev_es.webhooks import observed
+
+    def behaviour(received, nth):
+        return (503, {"retry-after": "2"}, b"busy") if nth == 1 else (200, {}, b"ok")
+
+    def lag_of(sid):
+        families = {f.name: f for f in observed.families(services.webhooks.store)}
+        samples = families["kandev_webhook_lag_seconds"].samples
+        return next(s.value for s in samples if s.labels["subscription"] == sid)
+
+    with Receiver(behaviour) as receiver:
+        made = subscribe(client, workspace, operator[1], receiver.url)
+        make_tasks(client, workspace, member[1], 1)
+        receiver.wait_for(lambda r: len(r) == 1)
+        time.sleep(0.5)
+        assert lag_of(made["id"]) > 0.4  # its one event waits for the retry
+        got = receiver.wait_for(lambda r: len(r) == 2)
+    waited = got[1].at - got[0].at
+    assert 1.5 <= waited < 6, waited  # Retry-After: 2, not the schedule's 0.2 s
+    assert got[0].webhook_id == got[1].webhook_id
+    assert got[0].headers["webhook-timestamp"] <= got[1].headers["webhook-timestamp"]
+    _wait(lambda: lag_of(made["id"]) == 0.0)

@@ -82,11 +82,13 @@ class WorkspaceItem(MethodView):
         """Delete a workspace (admin or its operator)
 
         Fences the workspace's creations (a create that lands after it is refused),
-        removes its tasks and frees every identity. The answer says how many tasks
-        went and the deletion's generation.
+        removes its tasks and its webhook subscriptions and frees every identity.
+        The answer says how many tasks went and the deletion's generation.
         """
         target = path_uuid(workspace_id, "workspace id")
         if services().workspaces.get(target) is None:
             raise WorkspaceNotFound("workspace not found")
         who = require_operator(principal(), target)
-        return services().workspace_deletion.delete(target, actor=who.actor)
+        deleted = services().workspace_deletion.delete(target, actor=who.actor)
+        services().webhooks.service.forget_workspace(target)  # and their secrets
+        return deleted

@@ -13,8 +13,8 @@ to its URL signed by the Standard Webhooks rules (docs/webhooks.md).
   on that event). A SIGKILL between the answer and the write sends that
   event again: the same ``webhook-id``, never a later one first.
 - A failure waits ``retry_schedule[n-1]`` seconds (+-20 % jitter) before
-  attempt n+1, longer if ``Retry-After`` asks (up to the schedule's longest
-  wait); 410 Gone disables at once; past the schedule's end, disabled.
+  attempt n+1, longer if ``Retry-After`` asks (up to an hour, or the
+  schedule's longest wait); 410 Gone disables at once; past the schedule's end, disabled.
 """
 
 from __future__ import annotations
@@ -54,6 +54,8 @@ LOCK_CLASS = int.from_bytes(b"kes5", "big")
 SCAN_SECONDS = 1.0  # how soon a new or resumed subscription gets its thread
 PAGE = 100
 REREAD_SECONDS = 1.0
+# A Retry-After is honoured up to an hour (or the schedule's longest wait).
+RETRY_AFTER_CAP = 3600.0
 DELIVERED, FAILED, NO_ANSWER, GONE = "delivered", "failed", "no_answer", "gone"
 RESULTS = (DELIVERED, FAILED, NO_ANSWER, GONE)
 
@@ -101,7 +103,7 @@ def decide(
         return result, {"state": DISABLED, "reason": reason, "attempts": attempts}, None
     wait = rules.schedule[attempts - 1] * random.uniform(0.8, 1.2)
     if outcome.retry_after is not None:
-        wait = max(wait, min(outcome.retry_after, max(rules.schedule)))
+        wait = max(wait, min(outcome.retry_after, max(RETRY_AFTER_CAP, *rules.schedule)))
     return result, {"attempts": attempts, "next_attempt_at": now + wait}, now + wait
 
 

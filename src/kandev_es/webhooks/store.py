@@ -227,6 +227,18 @@ class SubscriptionStore:
             )
         return bool(rows)
 
+    def delete_workspace(self, workspace_id: uuid.UUID) -> int:
+        """Every subscription of a deleted workspace, with its log: how many."""
+        with self.database.transaction() as tx:
+            gone = tx.execute(
+                "DELETE FROM webhook_subscriptions WHERE workspace_id = ? RETURNING id",
+                (self._id(workspace_id),),
+            )
+            tx.executemany(
+                "DELETE FROM webhook_deliveries WHERE subscription_id = ?", [(g[0],) for g in gone]
+            )
+        return len(gone)
+
     def record(
         self, guard: Subscription | None, attempts: list[Attempt], changes: dict[str, Any]
     ) -> bool:

@@ -222,6 +222,11 @@ class WebhookService:
             raise WebhookNotFound("webhook subscription not found")
         return subscription_dto(replace(found, state="deleted"))
 
+    def forget_workspace(self, workspace_id: uuid.UUID) -> int:
+        """After a workspace's deletion: its subscriptions, secrets and logs go
+        (a later workspace of the same name is another workspace)."""
+        return self.store.delete_workspace(workspace_id)
+
     def deliveries(
         self, workspace_id: uuid.UUID, subscription_id: uuid.UUID, limit: int = 20
     ) -> dict[str, Any]:
