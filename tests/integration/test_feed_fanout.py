@@ -197,3 +197,33 @@ def test_access_says_why_a_grant_may_no_longer_read(services, workspace, member,
     assert access(grants) == [
         "token revoked", "token revoked", "workspace deleted", "token revoked", None
     ]
+
+
+def test_on_sqlite_reading_the_feed_neither_waits_for_nor_holds_the_writer(
+    backend, settings, client, services, workspace, member
+):
+    """The reader's pass and a feed page read outside any write transaction:
+    with another connection holding SQLite's write lock, both answer at once
+    (a read that took the lock first would wait for it: busy_timeout, 60 s)."""
+    if backend != "sqlite":
+        pytest.skip("SQLite's write lock")
+    import sqlite3
+
+    [task] = made(client, member[1], 1, "LOCK")
+    holder = sqlite3.connect(str(settings.sqlite_path), isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        answers: list[Any] = []
+        reading = threading.Thread(target=lambda: answers.extend([
+            FeedSource(services.app, services.database).read(0, [workspace.id]),
+            _page(services, workspace.id),
+        ]))
+        reading.start()
+        reading.join(5)
+        assert not reading.is_alive(), "the reads waited for the writer"
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    (events, _), page = answers
+    assert [e.envelope["subject"] for e in events] == [task]
+    assert [item["subject"] for item in page["items"]] == [task]

@@ -167,16 +167,15 @@ class FeedSource:
 
     def _sqlite(self, params: dict[str, Any]) -> tuple[int, list[tuple[Any, ...]]]:
         # One writer commits in position order: every id up to the head read
-        # first is visible to the read after it.
+        # first is visible to the read after it, which takes no write lock.
         upto = self._app.max_notification_id()
         wanted = [str(workspace) for workspace in params["workspaces"]]
         marks = ", ".join("?" * len(wanted)) or "NULL"
-        with self._database.transaction() as tx:
-            rows = tx.execute(
-                f"SELECT {READER_COLUMNS} FROM feed_events WHERE position > ? AND position <= ?"
-                f" AND workspace_id IN ({marks}) ORDER BY position LIMIT ?",
-                (params["after"], upto, *wanted, params["limit"]),
-            )
+        rows = self._database.read(
+            f"SELECT {READER_COLUMNS} FROM feed_events WHERE position > ? AND position <= ?"
+            f" AND workspace_id IN ({marks}) ORDER BY position LIMIT ?",
+            (params["after"], upto, *wanted, params["limit"]),
+        )
         return upto, rows
 
 

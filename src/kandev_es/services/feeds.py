@@ -107,12 +107,11 @@ def read_feed(
     rows = settled(SETTLED_PAGE, {"workspace": workspace_id, "after": after, "limit": limit})
     if rows is None:
         workspace = workspace_id if database.backend == "postgres" else str(workspace_id)
-        with database.transaction() as tx:
-            rows = tx.execute(
-                f"SELECT {PAGE_COLUMNS} FROM feed_events"
-                " WHERE workspace_id = ? AND position > ? ORDER BY position LIMIT ?",
-                (workspace, after, limit),
-            )
+        rows = database.read(
+            f"SELECT {PAGE_COLUMNS} FROM feed_events"
+            " WHERE workspace_id = ? AND position > ? ORDER BY position LIMIT ?",
+            (workspace, after, limit),
+        )
     source = feed_source(workspace_id)
     return [
         FeedItem(

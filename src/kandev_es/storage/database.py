@@ -34,6 +34,8 @@ class Database(Protocol):
 
     def transaction(self) -> Any: ...
 
+    def read(self, sql: str, params: Sequence[Any] = ()) -> list[Row]: ...
+
     def close(self) -> None: ...
 
 
@@ -80,6 +82,12 @@ class SQLiteDatabase:
             raise
         else:
             connection.execute("COMMIT")
+
+    def read(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+        """One statement on its own, outside any write transaction: in WAL mode
+        it neither waits for the writer nor holds it up (``transaction`` takes
+        the write lock first)."""
+        return list(self._connection().execute(sql, tuple(params)).fetchall())
 
     def close(self) -> None:
         connection = getattr(self._local, "connection", None)
@@ -168,6 +176,11 @@ class PostgresDatabase:
             self.breaker.succeeded(started)
             raise
         self.breaker.succeeded(started)
+
+    def read(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+        """One statement (in a transaction of its own)."""
+        with self.transaction() as tx:
+            return tx.execute(sql, params)
 
     def create_schema(self) -> None:
         if not self.schema:
