@@ -15,6 +15,7 @@ import pytest
 from kandev_es_client.signed_note import (
     Checkpoint,
     NoteError,
+    generate_signer,
     parse_keyring,
     sign_note,
 )
@@ -120,3 +121,19 @@ def test_an_unreadable_key_stops_signing_and_is_not_replaced(services, workspace
     with pytest.raises(LedgerRefused, match="cannot be read"):
         restarted(services).catch_up()
     assert files.key.read_text() == "not a key\n"
+
+
+def test_a_key_file_swapped_by_hand_does_not_sign(services, workspace, member):
+    """Only a key the keyring lists for the size signs (``audit rotate-key``
+    records it); a new key dropped in place of the old one would sign
+    checkpoints no auditor's keyring accepts."""
+    logged(services, workspace, member, "W-1")
+    files = ledger_keys.key_files(services.settings)
+    origin = parse_keyring(files.keyring.read_text()).origin
+    files.key.unlink()
+    ledger_keys.write_private(files.key, generate_signer(origin).skey() + "\n")
+    assert create_more(services, workspace, member, "W-2")
+    before = checkpoints(services)
+    with pytest.raises(LedgerRefused, match="has no window"):
+        restarted(services).catch_up()
+    assert checkpoints(services) == before

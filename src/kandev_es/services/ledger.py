@@ -243,6 +243,9 @@ class Sequencer:
         if map_root is None:
             return None
         signer = self.signer
+        problem = keys.window_problem(self._files, signer, size)
+        if problem is not None:
+            raise LedgerRefused(problem)
         checkpoint = Checkpoint(signer.name, size, root, (heads.extension_line(map_root),))
         return sign_note(checkpoint.text(), signer)
 

@@ -282,3 +282,20 @@ def adopt_anchor(settings: Settings, latest: str | None) -> None:
         "ledger: anchored to the store's latest checkpoint (no anchor was kept beside %s yet)",
         files.key,
     )
+
+
+def window_problem(files: KeyFiles, signer: Signer, size: int) -> str | None:
+    """Why ``signer`` may not sign a checkpoint of ``size``: the keyring beside
+    it lists no window of that key covering the size (a key file swapped by
+    hand rather than by ``audit rotate-key``, whose checkpoints no auditor's
+    keyring would accept). None when it may, or when no keyring is kept."""
+    try:
+        ring = read_keyring(files)
+    except (OSError, NoteError) as error:
+        return f"the keyring {files.keyring} cannot be read ({error})"
+    if ring is None or any(e.verifier == signer.verifier and e.covers(size)
+                           for e in ring.entries):
+        return None
+    return (f"the key in {files.key} has no window in {files.keyring} covering size {size}:"
+            f" it was not made by `{ROTATE}`, and auditors' keyrings would refuse what it"
+            " signs; put the listed key back or rotate")
