@@ -17,6 +17,7 @@ from kandev_es_client.signed_note import Checkpoint, sign_note
 from kandev_es.domain.external_id import identity_id
 from kandev_es.services import ledger
 from kandev_es.services.ledger_audit import verify_ledger
+from kandev_es.storage.ledger import stream_key
 from tests.integration.tampering import TAMPERING, in_the_store, swap_positions, upper_case
 from tests.integration.test_ledger import keyring, logged
 
@@ -120,3 +121,23 @@ def test_every_failure_of_the_known_attacks_names_an_event(
     assert not report.ok
     unnamed = [p.line() for p in report.problems if not names_an_event(p)]
     assert not unnamed, unnamed
+
+
+def test_a_stream_id_that_is_no_uuid_is_refused_or_named_not_a_crash(
+    services, workspace, member, backend
+):
+    kept = logged(services, workspace, member, "G-1")
+    table = services.app.recorder.events_table_name
+    key = stream_key(backend, identity_id(workspace.id, "G-1"))
+    with in_the_store(services) as sql:
+        if backend == "postgres":  # the uuid column refuses it by type
+            with pytest.raises(Exception, match="uuid"):
+                sql.execute(f"UPDATE {table} SET originator_id = 'not-a-stream'"
+                            " WHERE originator_id = ?", (key,))
+            return
+        sql.execute(f"DROP TRIGGER {table}_canonical_stream_id_update")
+        sql.execute(f"UPDATE {table} SET originator_id = 'not-a-stream' WHERE originator_id = ?"
+                    " AND originator_version = 2", (key,))
+    report = verify_ledger(services.app, services.database, keyring(services), kept)
+    lines = [p.line() for p in report.problems]
+    assert len(lines) == 1 and "stored under 'not-a-stream', which is not a stream id" in lines[0]

@@ -304,6 +304,24 @@ def _check_reanchors(statements: list[str], keyring: Keyring, report: LedgerRepo
         report.reanchors.append(" ".join(line for line in lines[2:6]))
 
 
+def _unreadable_ids(app: Tasks, database: Database, report: LedgerReport) -> bool:
+    """Events stored under a stream id that is no UUID at all (SQLite text;
+    the store's trigger refuses them, an attacker may drop it): the
+    application cannot read the events past them, so neither can the rest of
+    the audit. Each is named by its position; whether there were any."""
+    table = app.recorder.events_table_name  # type: ignore[attr-defined]
+    with database.transaction() as tx:
+        spelled = store.stored_stream_ids(tx, database.backend, table)
+    for position, raw in sorted(spelled.items()):
+        try:
+            uuid.UUID(str(raw))
+        except ValueError:
+            report.problems.append(Problem(None, None, f"the event at position {position} is"
+                                           f" stored under {raw!r}, which is not a stream id:"
+                                           " the application cannot read the events past it"))
+    return bool(report.problems)
+
+
 def verify_ledger(
     app: Tasks, database: Database, keyring: Keyring, outside: str | None = None
 ) -> LedgerReport:
@@ -311,6 +329,8 @@ def verify_ledger(
     the leaves, the store's signed checkpoints and ``outside`` (a checkpoint
     the auditor kept out of the database's reach)."""
     report = LedgerReport()
+    if _unreadable_ids(app, database, report):
+        return report
     events, leaves = _events(app), _leaves(database, report)
     report.events, report.leaves = len(events), len(leaves)
     computed = _chains(events, report)
