@@ -135,7 +135,7 @@ def _report_line(line: Line, item: BatchItem | None) -> dict[str, Any]:
 
 
 def _summary(counts: Counter[str]) -> None:
-    table = Table(box=box.SIMPLE, pad_edge=False)
+    table = Table(box=box.SIMPLE, pad_edge=False, show_edge=False)
     table.add_column("outcome")
     table.add_column("items", justify="right")
     for outcome in OUTCOMES:

@@ -1,5 +1,5 @@
-"""Every command of the README's tour, of docs/getting-started.md and of the home
-page's quickstart (docs/index.md) is run, in
+"""Every command of the README's tour, of docs/getting-started.md, of the home
+page's quickstart (docs/index.md) and of docs/sync-a-backlog.md is run, in
 order, against a real `kandev-es serve` started as "Run it" starts it (the
 embedded default, the data dir ./.kandev-es of the directory the commands run
 in). As a newcomer does: first the `curl` line the server printed, then every
@@ -164,7 +164,12 @@ def run_page(page: Path, server: ServedProcess, cwd: Path) -> int:
 
 @pytest.mark.parametrize(
     ("page", "at_least"),
-    [("README.md", 5), ("docs/getting-started.md", 5), ("docs/index.md", 2)],
+    [
+        ("README.md", 5),
+        ("docs/getting-started.md", 5),
+        ("docs/index.md", 2),
+        ("docs/sync-a-backlog.md", 8),
+    ],
 )
 def test_every_command_of_the_page_runs_and_prints_what_it_shows(page, at_least, tmp_path):
     clone = tmp_path / "clone"
