@@ -189,6 +189,30 @@ def audit_rotate_key() -> None:
         services.close()
 
 
+@click.command("task-proof", short_help="Print a task stream's proof bundle (kandev-es-verify).")
+@click.option("--task-id", "task_id", type=click.UUID, required=True, help="the task's id")
+@click.option("--consistency-from", "consistency_from", type=click.IntRange(min=1),
+              multiple=True, metavar="SIZE",
+              help="also prove the bundle's checkpoint extends your checkpoint of this size"
+              " (repeatable)")
+@store_options
+def audit_task_proof(task_id: Any, consistency_from: tuple[int, ...]) -> None:
+    """Print the proof bundle of a task's stream: its events as stored, their
+    chain, their inclusion proofs and its head in the latest checkpoint's map
+    of stream heads (so a deleted title change shows), for ``kandev-es-verify
+    bundle``. Reads the store, like ``identity history --proof``."""
+    from kandev_es.services.ledger import task_proof_bundle
+
+    services = open_store()
+    try:
+        bundle = task_proof_bundle(services.app, services.database, task_id, consistency_from)
+        click.echo(json.dumps(bundle, indent=2))
+    except KandevError as error:
+        raise click.ClickException(error.message) from None
+    finally:
+        services.close()
+
+
 @click.command("rebuild-heads", short_help="Rebuild the map of stream heads from the log (logged).")
 @store_options
 def audit_rebuild_heads() -> None:
@@ -209,5 +233,5 @@ def audit_rebuild_heads() -> None:
 
 def register(audit: click.Group) -> None:
     for command in (audit_checkpoint, audit_checkpoints, audit_keyring, audit_consistency,
-                    audit_reanchor, audit_rotate_key, audit_rebuild_heads):
+                    audit_reanchor, audit_rotate_key, audit_rebuild_heads, audit_task_proof):
         audit.add_command(command)

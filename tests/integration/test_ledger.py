@@ -389,3 +389,39 @@ def test_a_wrong_map_signed_is_found_by_the_audit(services, workspace, member):
     assert [p.line() for p in report.problems] == [
         f"stored checkpoint {real.size} (size {real.size}): its map of stream heads is not the"
         " log's: a stream's last event there is not the one the checkpoint commits to"]
+
+
+def test_a_tasks_bundle_without_its_title_change_fails(cli, services, workspace, member):
+    """Issue 43: a task's title change deleted from the store left nothing to
+    notice but the full audit; the task's own bundle (audit task-proof) now
+    fails, its head being committed in the checkpoint's map."""
+    from tests.integration.helpers import create as create_task
+
+    client = services_client(services)
+    made = create_task(client, member[1], external_id="TITLE-1", title="first")
+    task_id = made.json["task"]["id"] if "task" in made.json else made.json["id"]
+    assert client.patch(f"/api/v1/tasks/{task_id}", json={"title": "second"},
+                        headers=bearer(member[1])).status_code == 200
+    logged(services, workspace, member)
+    printed = cli("audit", "task-proof", "--task-id", task_id)
+    assert printed.exit_code == 0, printed.output
+    bundle = json.loads(printed.stdout)
+    assert (bundle["task_id"], bundle["workspace_id"]) == (task_id, str(workspace.id))
+    report = chains.verify_bundle(bundle, keyring(services))
+    assert report.ok and "complete" in report.completeness, report.lines()
+    updated = [e["version"] for e in bundle["events"] if e["event"] == "Updated"]
+    assert updated, [e["event"] for e in bundle["events"]]
+    relabelled = dict(bundle, task_id=str(uuid.uuid4()))
+    assert "whose stream is" in chains.verify_bundle(relabelled, keyring(services)).problem
+
+    table = services.app.recorder.events_table_name
+    key = ledger.store.stream_key(services.database.backend, uuid.UUID(task_id))
+    with services.database.transaction() as tx:  # the attacker, in SQL
+        tx.execute(f"DELETE FROM {table} WHERE originator_id = ? AND originator_version = ?",
+                   (key, updated[-1]))
+    report = chains.verify_bundle(ledger.task_proof_bundle(
+        services.app, services.database, uuid.UUID(task_id)), keyring(services))
+    assert not report.ok
+    assert report.problem.startswith("1 event(s) missing: the checkpoint commits the stream's"
+                                     f" head as v{updated[-1]}")
+    assert cli("audit", "task-proof", "--task-id", str(uuid.uuid4())).exit_code == 1

@@ -201,37 +201,55 @@ def identity_stream(workspace_id: str, external_id: str) -> uuid.UUID:
 
 
 def _check_labels(bundle: Mapping[str, Any], stream_id: uuid.UUID) -> str:
-    """The bundle's workspace and external ID name its stream, and its first
-    event (Registered) records the same two; the label for the report."""
-    workspace, external = bundle.get("workspace_id"), bundle.get("external_id")
-    if not isinstance(workspace, str) or not isinstance(external, str):
-        raise NoteError("the bundle does not say which workspace and external ID it is for")
-    try:
-        workspace_id = uuid.UUID(workspace)
-    except ValueError:
-        raise NoteError(f"the bundle's workspace {workspace[:40]!r} is not a UUID") from None
-    label = f"workspace {workspace_id}, external ID {external!r}"
-    if identity_stream(str(workspace_id), external) != stream_id:
-        raise NoteError(f"the bundle is labelled {label}, whose stream is"
-                        f" {identity_stream(str(workspace_id), external)}, not {stream_id}")
+    """The bundle's labels name its stream — an identity's workspace and
+    external ID (the stream id is derived from them), or a task's workspace
+    and id — and its first event records the same; the label for the report."""
+    workspace = bundle.get("workspace_id")
+    external, task = bundle.get("external_id"), bundle.get("task_id")
+    if not isinstance(workspace, str) or not isinstance(task if "task_id" in bundle
+                                                         else external, str):
+        raise NoteError("the bundle does not say which workspace and external ID or task"
+                        " it is for")
+    workspace_id = _label_uuid(workspace, "workspace")
+    if isinstance(task, str):
+        label = f"workspace {workspace_id}, task {task}"
+        named, external = _label_uuid(task, "task"), None
+    else:
+        label = f"workspace {workspace_id}, external ID {external!r}"
+        named = identity_stream(str(workspace_id), str(external))
+    if named != stream_id:
+        raise NoteError(f"the bundle is labelled {label}, whose stream is {named},"
+                        f" not {stream_id}")
     events = bundle.get("events") or []
     first = events[0] if isinstance(events, list) and events else None
     if isinstance(first, Mapping) and first.get("version") == 1:
-        _check_registered(first, workspace_id, external, label)
+        _check_first(first, workspace_id, external, label)
     return label
 
 
-def _check_registered(
-    first: Mapping[str, Any], workspace_id: uuid.UUID, external: str, label: str
+def _label_uuid(value: str, what: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        raise NoteError(f"the bundle's {what} {value[:40]!r} is not a UUID") from None
+
+
+def _check_first(
+    first: Mapping[str, Any], workspace_id: uuid.UUID, external: str | None, label: str
 ) -> None:
+    """An identity's Registered records its workspace and external ID, a
+    task's Created its workspace."""
     try:
         state = json.loads(base64.b64decode(str(first.get("state")), validate=True))
-        recorded = (uuid.UUID(str(state["workspace_id"]["_data_"])), state["external_id"])
+        recorded = uuid.UUID(str(state["workspace_id"]["_data_"]))
+        recorded_external = state["external_id"] if external is not None else None
     except (ValueError, KeyError, TypeError, binascii.Error):
-        raise NoteError("v1 is not an identity's Registered event") from None
-    if recorded != (workspace_id, external):
+        kind = "an identity's Registered" if external is not None else "a task's Created"
+        raise NoteError(f"v1 is not {kind} event") from None
+    if (recorded, recorded_external) != (workspace_id, external):
+        also = f", external ID {recorded_external!r}" if external is not None else ""
         raise NoteError(f"the bundle is labelled {label}, but its v1 records workspace"
-                        f" {recorded[0]}, external ID {recorded[1]!r}")
+                        f" {recorded}{also}")
 
 
 def verify_bundle(
