@@ -186,7 +186,7 @@ class Deliverer:
                             return
                     except Exception as error:  # the store away: try again in a moment
                         log.warning("webhooks: subscription %s: %s", subscription_id, error)
-                        here.refused = True
+                        here.read_at = 0.0  # read it again (what is unwritten stays)
                         self._stop.wait(1.0)
         finally:
             self._progress.pop(subscription_id, None)

@@ -74,10 +74,10 @@ class Progress:
         transaction; whether the subscription took the changes."""
         with self.lock:
             attempts = self.unwritten + ([extra] if extra is not None else [])
-            self.unwritten = []
             if self.s is None or self.written is None or self.refused:
                 if attempts:
                     store.record(None, attempts, {})
+                self.unwritten = []
                 return False
             moves: dict[str, Any] = {
                 "cursor": self.s.cursor,
@@ -85,7 +85,11 @@ class Progress:
                 "next_attempt_at": self.s.next_attempt_at,
                 **(changes or {}),
             }
-            if store.record(self.written, attempts, moves):
+            # The store away: nothing is written, everything stays for the
+            # next try (a failure's changes are decided again by its retry).
+            stored = store.record(self.written, attempts, moves)
+            self.unwritten = []
+            if stored:
                 self.s = self.written = replace(self.written, **moves)
                 return True
             self.refused = True
