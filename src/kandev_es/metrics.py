@@ -53,6 +53,7 @@ class Instruments:
     creations: Counter
     creation_errors: Counter
     steps: Counter
+    lease_renewals: Counter
     streams_open: Gauge
     stream_refusals: Counter
     streams_too_slow: Counter
@@ -152,6 +153,12 @@ def _creation_instruments(registry: CollectorRegistry) -> dict[str, Any]:
         "steps": Counter(
             "kandev_creation_steps", "Creation step records written, by step kind and result.",
             ["kind", "result"], registry=registry,
+        ),
+        "lease_renewals": Counter(
+            "kandev_creation_lease_renewals",
+            "Lease renewals by a creation's owner while a step ran: renewed, or lost"
+            " (a newer owner had taken the creation over).",
+            ["result"], registry=registry,
         ),
     }
 
@@ -265,6 +272,11 @@ def record_creation(outcome: str) -> None:
 
 def record_creation_error(error: BaseException) -> None:
     instruments().creation_errors.labels(type(error).__name__).inc()
+
+
+def record_lease_renewal(result: str) -> None:
+    """``renewed`` or ``lost`` (creation/lease.py)."""
+    instruments().lease_renewals.labels(result).inc()
 
 
 def record_step(step_name: str, result: str) -> None:

@@ -325,7 +325,9 @@ def test_renewals_are_fenced_by_the_stream_version_and_the_epoch(services, works
     it lacks the release); after a takeover, refused (LeaseLost, ``lost``)."""
     from kandev_es.creation.lease import Lease, LeaseLost
     from tests.integration.helpers import start_unsettled_creation
+    from tests.integration.test_metrics_in_process import scrape_now, total
 
+    before = scrape_now()
     start_unsettled_creation(services, workspace, "HB-6")
     key = identity_id(workspace.id, "HB-6")
     mine = services.app.load(key, Identity)
@@ -348,3 +350,6 @@ def test_renewals_are_fenced_by_the_stream_version_and_the_epoch(services, works
         lease.renew()
     assert lease.lost.is_set()
     assert kinds(events(services, workspace, "HB-6"))[-1] == "RecoveryClaimed"
+    after, counter = scrape_now(), "kandev_creation_lease_renewals_total"
+    assert [total(after, counter, result=r) - total(before, counter, result=r)
+            for r in ("renewed", "lost")] == [2, 1]

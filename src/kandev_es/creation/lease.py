@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 
+from kandev_es import metrics
 from kandev_es.application import Tasks, VersionConflict
 from kandev_es.domain.identity import Identity
 from kandev_es.errors import InternalError
@@ -107,6 +108,7 @@ class Lease:
                 tenure = identity.tenures.get(self.number)
                 if tenure is None or tenure.epoch != self.epoch or not tenure.in_flight:
                     self.lost.set()
+                    metrics.record_lease_renewal("lost")
                     raise LeaseLost(f"tenure {self.number} is no longer held at {self.epoch}")
                 started = time.monotonic()
                 identity.renew_lease(
@@ -122,6 +124,7 @@ class Lease:
                     raise
                 self._held_until = started + self.seconds
                 self.renewals += 1
+                metrics.record_lease_renewal("renewed")
                 return
         raise VersionConflict("the identity kept changing while renewing its lease")
 
@@ -133,6 +136,15 @@ class Lease:
             self._identity, self.stale = identity, True  # not the driver's: it is behind
         return self._identity
 
+    def _lose(self) -> None:
+        if not self.lost.is_set():
+            metrics.record_lease_renewal("lost")
+            log.warning(
+                "creation identity=%s tenure=%s lost its lease at epoch %s while a step ran;"
+                " stopping the step", self.identity_id, self.number, self.epoch,
+            )
+        self.lost.set()
+
     def _drop(self) -> None:
         self._identity = None
         self.stale = True
@@ -143,13 +155,6 @@ class Lease:
             try:
                 self.renew()
             except LeaseLost:
-                log.warning(
-                    "creation identity=%s tenure=%s lost its lease at epoch %s while a step"
-                    " ran; stopping the step",
-                    self.identity_id,
-                    self.number,
-                    self.epoch,
-                )
                 return
             except Exception as error:  # the store is away: the next beat tries again
                 log.warning("renewing the lease of identity=%s failed: %r", self.identity_id, error)
