@@ -168,7 +168,74 @@ def create_app() -> Flask:
             assert row is not None
             return reply("created", row)
 
+    @app.post("/api/v1/tasks/batch")
+    def create_batch() -> Any:
+        token = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+        data = request.get_json(silent=True)
+        tasks = data.get("tasks") if isinstance(data, dict) else None
+        if not isinstance(tasks, list) or not all(
+            isinstance(t, dict) and isinstance(t.get("title"), str) for t in tasks
+        ):
+            return jsonify(error="invalid_request"), 400
+        with pool.connection() as conn:
+            conn.autocommit = True
+            owner = authenticate(conn, token)
+            if owner is None or str(owner["workspace_id"]) != data.get("workspace_id"):
+                return jsonify(error="unauthorized"), 401
+            return jsonify(results=insert_batch(conn, owner["workspace_id"], tasks))
+
     return app
+
+
+BATCH_INSERT = """
+WITH input AS (
+    SELECT * FROM unnest(%s::uuid[], %s::text[], %s::text[], %s::text[])
+        WITH ORDINALITY AS t(id, external_id, title, description, ord)),
+ins AS (
+    INSERT INTO peer_tasks (id, workspace_id, external_id, office_number, title,
+                            description, workflow)
+    SELECT id, %s, external_id, nextval('office_numbers'), title, description, 'default'
+    FROM input ORDER BY ord
+    ON CONFLICT (workspace_id, external_id) DO NOTHING
+    RETURNING id, external_id, office_number),
+outbox AS (
+    INSERT INTO peer_outbox (task_id, type, payload)
+    SELECT id, 'task.created', jsonb_build_object('id', id) FROM ins)
+SELECT id, external_id, office_number FROM ins
+"""
+
+
+def insert_batch(
+    conn: psycopg.Connection[Any], workspace: Any, tasks: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """A batch the way a CRUD service writes one: ONE INSERT ... SELECT FROM
+    unnest ... ON CONFLICT DO NOTHING RETURNING (with its outbox rows), then
+    the rows that were there already, found by their external IDs."""
+    ids = [uuid.uuid4() for _ in tasks]
+    external = [t.get("external_id") for t in tasks]
+    with conn.transaction():
+        made = conn.execute(BATCH_INSERT.encode(), (
+            ids, external, [t["title"] for t in tasks],
+            [t.get("description", "") for t in tasks], workspace,
+        )).fetchall()
+        created = {str(row[0]): row for row in made}
+        held = [e for e, i in zip(external, ids, strict=True)
+                if e is not None and str(i) not in created]
+        found = {
+            row[1]: row for row in conn.execute(
+                "SELECT id, external_id, office_number FROM peer_tasks"
+                " WHERE workspace_id = %s AND external_id = ANY(%s)", (workspace, held),
+            ).fetchall()
+        } if held else {}
+    results = []
+    for index, (task_id, external_id) in enumerate(zip(ids, external, strict=True)):
+        row = created.get(str(task_id))
+        outcome = "created" if row is not None else "found"
+        row = row if row is not None else found.get(external_id)
+        results.append({"index": index, "outcome": outcome,
+                        "id": str(row[0]) if row else None,
+                        "office_number": row[2] if row else None})
+    return results
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from typing import Any
 
 import psycopg
 
+from benchlib.bulk import bulk_cost
 from benchlib.chains import chains_cost
 from benchlib.common import load_average, say
 from benchlib.database import database, durability, with_schema
@@ -82,6 +83,12 @@ def arguments() -> argparse.ArgumentParser:
                         " 10 and 50 SSE consumers of the feed (docs/benchmarks.md)")
     parser.add_argument("--fanout-consumers", type=counts, default=list(CONSUMERS),
                         help="consumer counts for 'fanout' (default 0,1,10,50; 0 first)")
+    parser.add_argument("--bulk-only", action="store_true",
+                        help="measure only the 'bulk' section: a backlog imported by one client"
+                        " through the batch route, vs single creates and the CRUD peer's"
+                        " single and batch routes (docs/benchmarks.md)")
+    parser.add_argument("--bulk-items", type=positive, default=10_000,
+                        help="items of the 'bulk' section's backlog (default 10,000)")
     parser.add_argument("--rounds", type=positive, default=1,
                         help="rounds of the HTTP measurement in 'scaling', the two servers"
                         " alternating which goes first; figures are medians (default 1;"
@@ -110,7 +117,7 @@ def main() -> int:
     if args.fanout_only:
         report["targets"] = fanout_targets(report["fanout"])
     if (args.scaling_only or args.tracing_only or args.chains_only or args.webhooks_only
-            or args.fanout_only):
+            or args.fanout_only or args.bulk_only):
         print(json.dumps(report, indent=2))
         return 0
     report["targets"] = targets(report)
@@ -133,6 +140,10 @@ def on_schema(report: dict[str, Any], args: argparse.Namespace, admin_url: str,
             return
         if args.chains_only:
             report["chains"] = chains(args, settings, admin_url, url, tmp, services)
+            return
+        if args.bulk_only:
+            report["bulk"] = bulk_cost(services, admin_url, url, schema, tmp, args.workers,
+                                       args.seconds, args.rounds, args.bulk_items)
             return
         if args.webhooks_only:
             report["webhooks"] = webhooks_cost(services, url, tmp, args.workers, args.clients,

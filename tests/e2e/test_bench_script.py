@@ -403,3 +403,26 @@ def test_fanout_section_counts_every_consumer_s_every_task_and_judges_the_ratios
     assert targets["every_consumer_every_task_once"]["met"] is True
     for count in (1, 10, 50):  # not measured by this run
         assert targets[f"created_with_{count}_consumers_vs_none"]["met"] is None
+
+
+@pytest.mark.slow
+def test_the_bulk_section_imports_every_item_and_judges_the_three_ratios():
+    """scripts/bench --bulk-only with tiny sizes: per round kandev-es and the CRUD
+    peer in alternating order, each importing the backlog through its batch
+    route (every item created) and measured on single creates; the worker's
+    RSS during a 1,000-item request."""
+    report, _ = bench(
+        "--bulk-only", "--rounds", "2", "--seconds", "0.5", "--workers", "1",
+        "--bulk-items", "600",
+    )
+    section = report["bulk"]
+    assert [row["order"] for row in section["rounds"]] == [["kandev", "peer"], ["peer", "kandev"]]
+    for row in section["rounds"]:
+        for side in ("kandev", "peer"):
+            assert row[side]["batch"]["items_per_s"] > 0
+            assert row[side]["batch"]["failed_items"] == {}
+            assert row[side]["single_1"]["created_per_s"] > 0
+    assert section["rss_during_1000_item_request"]["most_grown_kb"] >= 0
+    assert set(section["targets"]) == {
+        "batch_ge_2x_peer_single_16", "batch_ge_5x_own_single_1", "batch_ge_0_3x_peer_batch",
+    }
