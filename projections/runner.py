@@ -21,6 +21,7 @@ from kandev_es.projections.wakeup import Waker, make_waker
 from kandev_es import metrics
 from kandev_es.application import Tasks
 from kandev_es.errors import StoreUnavailable
+from kandev_es.observability import tracing
 from kandev_es.storage.database import Database, Transaction
 from kandev_es.storage.settled import Settled
 
@@ -127,21 +128,23 @@ class ProjectionRunner:
             self._idle_head = None
             head = self.head
             self._pass.decoded = {}
-            try:
-                for projection in self.projections:
-                    if is_inline(projection):
-                        continue
-                    try:
-                        with self.database.transaction() as tx:
-                            read += self.apply_pending(
-                                tx, projection, projection.name, self._batch_size
-                            )
-                    except Exception as error:
-                        failures[projection.name] = error
-                if not failures:
-                    self._track_inline(failures)
-            finally:
-                self._pass.decoded = None
+            # One span for a pass that applies something, none for one that only looks.
+            with tracing.Job("projections") as self._pass.job:
+                try:
+                    for projection in self.projections:
+                        if is_inline(projection):
+                            continue
+                        try:
+                            with self.database.transaction() as tx:
+                                read += self.apply_pending(
+                                    tx, projection, projection.name, self._batch_size
+                                )
+                        except Exception as error:
+                            failures[projection.name] = error
+                    if not failures:
+                        self._track_inline(failures)
+                finally:
+                    self._pass.decoded = self._pass.job = None
         for name in set(self.failures) - set(failures):
             log.info("projection %s recovered", name)
         for name in set(failures) - set(self.failures):
@@ -162,6 +165,12 @@ class ProjectionRunner:
             return False
         return self._idle_head == self.head and now < self._idle_until
 
+    def _working(self) -> None:
+        """This thread's pass does something: its span, if traces are on."""
+        job: tracing.Job | None = getattr(self._pass, "job", None)
+        if job is not None:
+            job.working()
+
     def _track_inline(self, failures: dict[str, Exception]) -> None:
         """Move the inline projections' positions to the settled head: every
         event up to there is in their read models (written with it)."""
@@ -180,8 +189,12 @@ class ProjectionRunner:
         if not self._inline_due or now < self._inline_written + INLINE_TRACKING_SECONDS:
             return
         marks = ", ".join("?" for _ in inline)
+        self._working()
         try:
-            with self.database.transaction() as tx:
+            with (
+                tracing.span("inline positions", **{"kandev.position": settled}),
+                self.database.transaction() as tx,
+            ):
                 moved = tx.execute(
                     "UPDATE projection_tracking SET position = ?"
                     f" WHERE name IN ({marks}) AND position < ? RETURNING name",
@@ -377,11 +390,13 @@ class ProjectionRunner:
                 if event is None:
                     event = decoded[n.id] = self.app.mapper.to_domain_event(n)
                 items.append((event, n.id))
-        if isinstance(projection, BatchProjection):
-            projection.apply_batch(tx, items, backend)
-        else:
-            for event, position in items:
-                projection.apply(tx, event, position, backend)
+        self._working()
+        with tracing.span(f"projection {projection.name}", **{"kandev.events": len(items)}):
+            if isinstance(projection, BatchProjection):
+                projection.apply_batch(tx, items, backend)
+            else:
+                for event, position in items:
+                    projection.apply(tx, event, position, backend)
 
     def run_forever(self, poll_seconds: float) -> None:
         """The background loop. It does passes only while this process leads

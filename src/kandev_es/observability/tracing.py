@@ -50,11 +50,48 @@ def configure(settings: Settings) -> bool:
     # OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES override the default name.
     resource = Resource.create({"service.name": "kandev-es"})
     provider = TracerProvider(resource=resource)
+    # Before any tracer is made (each keeps the provider's sampler).
+    provider.sampler = _no_lone_client_spans(provider.sampler)
     provider.add_span_processor(BatchSpanProcessor(_exporter(settings.trace_exporter)))
     trace.set_tracer_provider(provider)
     _instrument_psycopg()
     _tracer = trace.get_tracer("kandev_es")
     return True
+
+
+def _no_lone_client_spans(delegate: Any) -> Any:
+    """``delegate`` (the sampler OTEL_TRACES_SAMPLER chose), except that a
+    client span with no parent -- a statement a background loop runs while
+    it looks for work, outside any traced job -- is not recorded: polls make
+    no root spans (about 170 of 179 spans in 25 s were those). Work that is
+    traced (a request, a background ``Job`` that found something) is the
+    parent of its statements, which are kept."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
+
+    class NoLoneClientSpans(Sampler):
+        def should_sample(
+            self,
+            parent_context: Any,
+            trace_id: int,
+            name: str,
+            kind: Any = None,
+            attributes: Any = None,
+            links: Any = None,
+            trace_state: Any = None,
+        ) -> Any:
+            if kind is trace.SpanKind.CLIENT and not (
+                trace.get_current_span(parent_context).get_span_context().is_valid
+            ):
+                return SamplingResult(Decision.DROP)
+            return delegate.should_sample(
+                parent_context, trace_id, name, kind, attributes, links, trace_state
+            )
+
+        def get_description(self) -> str:
+            return f"NoLoneClientSpans{{{delegate.get_description()}}}"
+
+    return NoLoneClientSpans()
 
 
 def _exporter(kind: str) -> Any:
@@ -173,6 +210,35 @@ def traceparent() -> str | None:
     return carrier.get("traceparent")
 
 
+class Job:
+    """A background job's span (a projection pass, ...): opened only once
+    the job finds something to do (``working``; a root in a background
+    thread), closed when the job's block ends. A pass that only looked makes no span at all, and its
+    statements none either (``_no_lone_client_spans``)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._open: contextlib.ExitStack | None = None
+
+    def working(self, **attributes: Any) -> None:
+        """The job does something: its span from now on (once), current in this thread."""
+        tracer = _tracer
+        if tracer is None or self._open is not None:
+            return
+        opened = contextlib.ExitStack()
+        clean = {k: _attribute(v) for k, v in attributes.items() if v is not None}
+        opened.enter_context(tracer.start_as_current_span(self.name, attributes=clean))
+        self._open = opened
+
+    def __enter__(self) -> Job:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        opened, self._open = self._open, None
+        if opened is not None:
+            opened.__exit__(*exc)
+
+
 @contextlib.contextmanager
 def linked(name: str, origin: str | None, **attributes: Any) -> Iterator[None]:
     """A new trace for work done later on behalf of ``origin`` (the
@@ -192,6 +258,7 @@ def linked(name: str, origin: str | None, **attributes: Any) -> Iterator[None]:
         if span_context.is_valid:
             links.append(trace.Link(span_context))
     clean = {k: _attribute(v) for k, v in attributes.items() if v is not None}
-    with tracer.start_as_current_span(name, context=context.Context(), links=links,
-                                      attributes=clean):
+    with tracer.start_as_current_span(
+        name, context=context.Context(), links=links, attributes=clean
+    ):
         yield

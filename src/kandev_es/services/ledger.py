@@ -44,6 +44,7 @@ from kandev_es.errors import (
     LedgerRefused,
     TaskNotFound,
 )
+from kandev_es.observability import tracing
 from kandev_es.projections.leadership import (
     FileLeadership,
     Leadership,
@@ -157,11 +158,18 @@ class Sequencer:
         if not notifications:
             self._sequenced = max(after, settled.position)
             return 0
-        with self.database.transaction() as tx:
+        # The one span of a pass that appends (a pass that only looked made none).
+        with (
+            tracing.span("ledger sequence", **{"kandev.events": len(notifications)}),
+            self.database.transaction() as tx,
+        ):
             if store.tree_head(tx) != (size, after):
                 return 0  # another sequencer moved on meanwhile
-            self._append(tx, size, notifications)
-            note = self._sign_if_due(tx, size + len(notifications)) if sign else None
+            with tracing.span("append"):
+                self._append(tx, size, notifications)
+            with tracing.span("sign if due"):
+                note = self._sign_if_due(tx, size + len(notifications)) if sign else None
+                tracing.note(**{"kandev.signed": note is not None})
         self._anchored(note)
         metrics.record_background_write("ledger")
         self._size = size + len(notifications)
