@@ -169,37 +169,33 @@ class SubscriptionStore:
             )
 
     def count(self, workspace_id: uuid.UUID) -> int:
-        with self.database.transaction() as tx:
-            rows = tx.execute(
-                "SELECT count(*) FROM webhook_subscriptions WHERE workspace_id = ?",
-                (self._id(workspace_id),),
-            )
+        rows = self.database.read(
+            "SELECT count(*) FROM webhook_subscriptions WHERE workspace_id = ?",
+            (self._id(workspace_id),),
+        )
         return int(rows[0][0])
 
     def get(self, subscription_id: uuid.UUID) -> Subscription | None:
-        with self.database.transaction() as tx:
-            rows = tx.execute(
-                f"SELECT {_COLUMNS} FROM webhook_subscriptions WHERE id = ?",
-                (self._id(subscription_id),),
-            )
+        rows = self.database.read(
+            f"SELECT {_COLUMNS} FROM webhook_subscriptions WHERE id = ?",
+            (self._id(subscription_id),),
+        )
         return _subscription(rows[0]) if rows else None
 
     def of_workspace(self, workspace_id: uuid.UUID) -> list[Subscription]:
-        with self.database.transaction() as tx:
-            rows = tx.execute(
-                f"SELECT {_COLUMNS} FROM webhook_subscriptions WHERE workspace_id = ?"
-                " ORDER BY created_at, id",
-                (self._id(workspace_id),),
-            )
+        rows = self.database.read(
+            f"SELECT {_COLUMNS} FROM webhook_subscriptions WHERE workspace_id = ?"
+            " ORDER BY created_at, id",
+            (self._id(workspace_id),),
+        )
         return [_subscription(row) for row in rows]
 
     def all(self, state: str | None = None) -> list[Subscription]:
         where, params = ("WHERE state = ?", (state,)) if state else ("", ())
-        with self.database.transaction() as tx:
-            rows = tx.execute(
-                f"SELECT {_COLUMNS} FROM webhook_subscriptions {where} ORDER BY created_at, id",
-                params,
-            )
+        rows = self.database.read(
+            f"SELECT {_COLUMNS} FROM webhook_subscriptions {where} ORDER BY created_at, id",
+            params,
+        )
         return [_subscription(row) for row in rows]
 
     def update(self, subscription_id: uuid.UUID, **changes: Any) -> Subscription | None:
@@ -299,13 +295,12 @@ class SubscriptionStore:
                 )
 
     def deliveries(self, subscription_id: uuid.UUID, limit: int) -> list[Attempt]:
-        with self.database.transaction() as tx:
-            rows = tx.execute(
-                "SELECT position, event_id, attempt, at, result, status, latency_ms, snippet,"
-                " next_attempt_at, request_id FROM webhook_deliveries"
-                " WHERE subscription_id = ? ORDER BY id DESC LIMIT ?",
-                (self._id(subscription_id), limit),
-            )
+        rows = self.database.read(
+            "SELECT position, event_id, attempt, at, result, status, latency_ms, snippet,"
+            " next_attempt_at, request_id FROM webhook_deliveries"
+            " WHERE subscription_id = ? ORDER BY id DESC LIMIT ?",
+            (self._id(subscription_id), limit),
+        )
         return [
             Attempt(
                 subscription_id,
@@ -324,26 +319,23 @@ class SubscriptionStore:
         ]
 
     def counters(self) -> dict[str, int]:
-        with self.database.transaction() as tx:
-            rows = tx.execute("SELECT result, count FROM webhook_counters")
+        rows = self.database.read("SELECT result, count FROM webhook_counters")
         return {str(result): int(count) for result, count in rows}
 
     def oldest_pending(self, s: Subscription) -> str | None:
         """The timestamp of the first feed event past the cursor (None: none)."""
-        with self.database.transaction() as tx:
-            rows = tx.execute(
-                "SELECT timestamp FROM feed_events WHERE workspace_id = ? AND position > ?"
-                " ORDER BY position LIMIT 1",
-                (self._id(s.workspace_id), s.cursor),
-            )
+        rows = self.database.read(
+            "SELECT timestamp FROM feed_events WHERE workspace_id = ? AND position > ?"
+            " ORDER BY position LIMIT 1",
+            (self._id(s.workspace_id), s.cursor),
+        )
         return str(rows[0][0]) if rows else None
 
     def feed_head(self, workspace_id: uuid.UUID) -> int:
-        with self.database.transaction() as tx:
-            rows = tx.execute(
-                "SELECT coalesce(max(position), 0) FROM feed_events WHERE workspace_id = ?",
-                (self._id(workspace_id),),
-            )
+        rows = self.database.read(
+            "SELECT coalesce(max(position), 0) FROM feed_events WHERE workspace_id = ?",
+            (self._id(workspace_id),),
+        )
         return int(rows[0][0])
 
 
