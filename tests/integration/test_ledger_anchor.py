@@ -24,7 +24,7 @@ from kandev_es.domain.external_id import identity_id
 from kandev_es.errors import LedgerRefused
 from kandev_es.services import ledger, ledger_keys
 from kandev_es.services.ledger_audit import verify_ledger
-from tests.integration.tampering import unlog
+from tests.integration.tampering import in_the_store, unlog
 from tests.integration.test_ledger import keyring, logged, services_client
 
 
@@ -187,3 +187,16 @@ def create_more(services, workspace, member, external_id) -> bool:
         ).status_code
         == 200
     )
+
+
+def test_a_tree_with_its_nodes_deleted_is_refused_not_retried_silently(
+    services, workspace, member
+):
+    logged(services, workspace, member, "D-1")
+    with in_the_store(services) as sql:
+        sql.execute("DELETE FROM ledger_nodes")
+    assert create_more(services, workspace, member, "D-2")
+    before = checkpoints(services)
+    with pytest.raises(LedgerRefused, match="of the log's tree is missing"):
+        restarted(services).catch_up()
+    assert checkpoints(services) == before

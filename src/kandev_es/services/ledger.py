@@ -197,7 +197,10 @@ class Sequencer:
                 )
             value = chains.chain_hash(n.originator_id, version, previous, n.topic, n.state)
             known[(n.originator_id, version)] = value
-            new = merkle.appended_nodes(lambda lv, ix: nodes[(lv, ix)], size, value)
+            try:
+                new = merkle.appended_nodes(lambda lv, ix: nodes[(lv, ix)], size, value)
+            except KeyError as missing:
+                raise LedgerRefused(_missing(missing)) from None
             nodes.update({(lv, ix): h for lv, ix, h in new})
             made.extend(new)
             leaves.append((size, n.id, n.originator_id, version, value))
@@ -233,8 +236,7 @@ class Sequencer:
         due = size - max(last_size, 0) >= self.settings.ledger_checkpoint_events
         if not (force or due or waited >= self.settings.ledger_checkpoint_seconds):
             return None
-        nodes = store.read_nodes(tx, store.frontier_keys(size))
-        root = merkle.root_hash(lambda lv, ix: nodes[(lv, ix)], size)
+        root = root_at(tx, size)
         problem = self.anchor_problem(tx, size, root)
         if problem is not None:
             raise LedgerRefused(problem)
@@ -377,11 +379,10 @@ class Sequencer:
     def _log_problem(self) -> str | None:
         with self.database.transaction() as tx:
             size, _ = store.tree_head(tx)
-            nodes = store.read_nodes(tx, store.frontier_keys(size))
             try:
-                root = merkle.root_hash(lambda lv, ix: nodes[(lv, ix)], size)
-            except KeyError:
-                return "a node of the log's tree is missing: its history was rewritten"
+                root = root_at(tx, size)
+            except LedgerRefused as error:
+                return error.message
             return self.anchor_problem(tx, size, root)
 
     def reanchor(self, reason: str) -> str | None:
@@ -396,8 +397,7 @@ class Sequencer:
             pass
         with self.database.transaction() as tx:
             size, _ = store.tree_head(tx)
-            nodes = store.read_nodes(tx, store.frontier_keys(size))
-            root = merkle.root_hash(lambda lv, ix: nodes[(lv, ix)], size)
+            root = root_at(tx, size)
             if anchor is None or self.anchor_problem(tx, size, root) is None:
                 return None
             note = self._signed(tx, size, root)
@@ -426,6 +426,21 @@ class Sequencer:
 
     def stop(self) -> None:
         self._stop.set()
+
+
+def _missing(key: KeyError) -> str:
+    return (f"node {key} of the log's tree is missing from the database: its history was"
+            " tampered with; nothing is signed over it")
+
+
+def root_at(tx: Any, size: int) -> bytes:
+    """The root of the log at ``size`` from the nodes ``tx`` reads;
+    LedgerRefused when one is missing."""
+    nodes = store.read_nodes(tx, store.frontier_keys(size))
+    try:
+        return merkle.root_hash(lambda lv, ix: nodes[(lv, ix)], size)
+    except KeyError as missing:
+        raise LedgerRefused(_missing(missing)) from None
 
 
 def extension_problem(tx: Any, anchor: Checkpoint, size: int, root: bytes) -> str | None:
