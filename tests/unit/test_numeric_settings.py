@@ -67,3 +67,13 @@ def _field(name: str) -> str:
         "KANDEV_RUN_TOKEN_TTL": "run_token_ttl",
     }
     return fields.get(name, name.removeprefix("KANDEV_").lower())
+
+
+def test_witness_urls_are_http_urls_and_at_most_fifteen() -> None:
+    urls = load_settings({"KANDEV_LEDGER_WITNESS_URLS": " https://w1.example/ ,http://w2:7380"})
+    assert urls.ledger_witness_urls == ("https://w1.example", "http://w2:7380")
+    assert load_settings({}).ledger_witness_urls == ()
+    with pytest.raises(InvalidSetting, match="is not an http"):
+        load_settings({"KANDEV_LEDGER_WITNESS_URLS": "w1.example"})
+    with pytest.raises(InvalidSetting, match="at most 15"):
+        load_settings({"KANDEV_LEDGER_WITNESS_URLS": ",".join(["http://w"] * 16)})

@@ -60,7 +60,9 @@ class InputError(ValueError):
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="kandev-es-verify", description="Verify kandev-es history offline."
+        prog="kandev-es-verify", description="Verify kandev-es history offline.",
+        epilog="kandev-es-verify witness keygen|serve ...: run a C2SP tlog-witness"
+        " (kandev-es-verify witness --help).",
     )
     parser.add_argument("kind", choices=("bundle", "consistency", "checkpoint"))
     parser.add_argument("file", type=Path)
