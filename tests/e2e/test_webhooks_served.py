@@ -149,6 +149,38 @@ def test_two_deliverers_one_leads_and_the_other_takes_over_when_it_dies(settings
     assert [r.webhook_id for r in got] == expected
 
 
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+@pytest.mark.timeout(240)
+def test_a_delivery_is_traced_like_a_request(settings, tmp_path):
+    """With traces on, each attempt is a `webhook.deliver` span (its
+    subscription, webhook-id, attempt and status) whose traceparent and
+    request id the receiver gets, as a caller of the API would send them."""
+    from tests.support.otlp import Receiver as Collector
+
+    collector = Collector()
+    env = {
+        **HOOK_ENV,
+        "OTEL_EXPORTER_OTLP_ENDPOINT": collector.url,
+        "OTEL_BSP_SCHEDULE_DELAY": "100",
+    }
+    try:
+        with Receiver() as receiver, ServedProcess(settings, tmp_path / "logs", **env) as server:
+            made = subscribe(server, receiver.url)
+            create_tasks(server, ["traced"])
+            [got] = receiver.wait_for(lambda r: len(r) == 1, 60)
+            spans = collector.wait(lambda s: any(x.name == "webhook.deliver" for x in s))
+    finally:
+        collector.close()
+    [span] = [s for s in spans if s.name == "webhook.deliver"]
+    assert span.parent_span_id == ""  # a root of its own, as a request's
+    assert span.attributes["webhook_id"] == got.webhook_id
+    assert span.attributes["subscription"] == made["id"]
+    assert span.attributes["http.status_code"] == 200
+    _version, trace_id, parent_id, _ = got.headers["traceparent"].split("-")
+    assert (trace_id, parent_id) == (span.trace_id, span.span_id)
+    assert len(got.headers["x-request-id"]) == 32
+
+
 def receiver_program() -> str:
     page = (ROOT / "docs" / "webhooks.md").read_text(encoding="utf-8")
     block = page.split("<!-- receiver -->\n```python\n", 1)[1].split("```", 1)[0]
