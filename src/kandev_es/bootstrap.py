@@ -268,7 +268,7 @@ def bootstrap(settings: Settings) -> Services:
         attestation=attestation,
         driver=driver,
         creation=creation,
-        batch=BatchService(app, creation, settings.batch_max_items),
+        batch=BatchService(app, creation, settings.batch_max_items, settings.lease_seconds),
         tasks=TaskService(app, database),
         workspaces=WorkspaceService(app, database),
         tokens=tokens,

@@ -111,3 +111,29 @@ def test_an_unusable_key_is_400_and_writes_nothing(client, services, member):
         assert answer.status_code == 400, key
         assert answer.json["error"] == "idempotency_key_required"
     assert task_created_count(services) == 0
+
+
+def test_a_running_batch_renews_its_keys_lease_after_each_window(
+    settings, workspace, member, monkeypatch
+):
+    """With a lease this short (1 us) every window renews it: a batch that outlives
+    KANDEV_LEASE_SECONDS keeps its key while it runs (a dead one frees it
+    within a lease)."""
+    from kandev_es.bootstrap import bootstrap
+
+    principal, _ = member
+    short = bootstrap(settings.with_overrides(lease_seconds=1e-6))
+    try:
+        monkeypatch.setattr("kandev_es.bulk.service.WINDOW", 4)
+        body = {"tasks": [{"external_id": f"RN-{n}", "title": "t"} for n in range(10)]}
+        result = short.batch.create_many(principal, body, "renewing")
+        assert result.summary()["created"] == 10
+        operation_id = batch_operation_id(workspace.id, "renewing")
+        topics = [
+            n.topic.rsplit(".", 1)[1]
+            for n in short.app.recorder.select_notifications(start=1, limit=10_000)
+            if n.originator_id == operation_id
+        ]
+        assert topics == ["Started", "Renewed", "Renewed", "Renewed", "Finished"]
+    finally:
+        short.close()

@@ -3,8 +3,9 @@ itself under that key (domain/batch.py). The same key again answers the
 first batch's results (``Idempotent-Replayed: true``); with another body,
 422 ``idempotency_key_reused``; while the first is still being processed, 409
 ``batch_in_progress``. A batch that answered an error, or whose lease ran out
-(its process died), leaves the key free to run again: its items are found by
-external ID, so a second run makes nothing twice."""
+(its process died; a running batch renews it), leaves the key free to run
+again: its items are found by external ID, so a second run makes nothing
+twice."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import contextlib
 import hashlib
 import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -26,10 +27,11 @@ from kandev_es.views import task_dto
 
 ATTEMPTS = 8
 READ_CHUNK = 500
-# How long a batch holds its key before a retry may run it again: longer than
-# any batch of effect-free items takes; a batch with effects that runs longer
-# may be run twice, which is safe by external ID.
-LEASE = timedelta(minutes=5)
+# A batch holds its key for KANDEV_LEASE_SECONDS (30 s) and renews it after
+# each window once a third of it has passed; a process that died frees its
+# key within a lease. A run that outlives its lease anyway (one window of
+# items with slow effects) may be run twice, which is safe by external ID.
+RENEW_AFTER = 1 / 3
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
@@ -38,8 +40,9 @@ def body_hash(body: Mapping[str, Any]) -> str:
 
 
 class BatchReplays:
-    def __init__(self, app: Tasks) -> None:
+    def __init__(self, app: Tasks, lease_seconds: float) -> None:
         self._app = app
+        self._lease = timedelta(seconds=lease_seconds)
 
     def begin(
         self, workspace_id: uuid.UUID, key: str, body: Mapping[str, Any], batch: Batch
@@ -52,7 +55,7 @@ class BatchReplays:
             operation = self._app.load(batch_operation_id(workspace_id, key), BatchOperation)
             if operation is None:
                 operation = BatchOperation.start(
-                    workspace_id, key, hashed, len(batch.items), now + LEASE
+                    workspace_id, key, hashed, len(batch.items), now + self._lease
                 )
             elif operation.body_hash != hashed:
                 raise IdempotencyKeyReused(
@@ -68,13 +71,26 @@ class BatchReplays:
                     key=key,
                 )
             else:
-                operation.restart(now + LEASE)
+                operation.restart(now + self._lease)
             try:
                 self._app.save_atomically(operation)
             except VersionConflict:
                 continue  # another request with this key began first: read again
             return operation
         raise Contended("the Idempotency-Key is contended; retry with it")
+
+    def heartbeat(self, operation: BatchOperation) -> Callable[[], None]:
+        """What the batch calls after each window: renews the key's lease once
+        a third of it has passed."""
+
+        def renew() -> None:
+            now = datetime.now(UTC)
+            if operation.lease_expires_at - now > self._lease * (1 - RENEW_AFTER):
+                return
+            operation.renew(now + self._lease)
+            self._save_last(operation)
+
+        return renew
 
     def finish(self, operation: BatchOperation, result: BatchResult) -> None:
         operation.finish([item.compact() for item in result.items])

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -101,11 +101,13 @@ class _Run:
 
 
 class BatchService:
-    def __init__(self, app: Tasks, creation: CreationService, max_items: int) -> None:
+    def __init__(
+        self, app: Tasks, creation: CreationService, max_items: int, lease_seconds: float
+    ) -> None:
         self._app = app
         self.creation = creation
         self._max_items = max_items
-        self._replays = BatchReplays(app)
+        self._replays = BatchReplays(app, lease_seconds)
 
     def create_many(
         self, principal: Principal | None, body: Mapping[str, Any], key: str | None = None
@@ -122,7 +124,7 @@ class BatchService:
         if isinstance(begun, BatchResult):
             return begun
         try:
-            result = self._processed(principal, workspace_id, batch)
+            result = self._processed(principal, workspace_id, batch, self._replays.heartbeat(begun))
         except KandevError as error:
             self._replays.abandon(begun, error)
             raise
@@ -130,16 +132,22 @@ class BatchService:
         return result
 
     def _processed(
-        self, principal: Principal, workspace_id: uuid.UUID, batch: Batch
+        self,
+        principal: Principal,
+        workspace_id: uuid.UUID,
+        batch: Batch,
+        heartbeat: Callable[[], None] = lambda: None,
     ) -> BatchResult:
+        """``heartbeat``: called after each window (an Idempotency-Key's lease)."""
         with tracing.span("batch", **{"kandev.batch.items": len(batch.items)}):
             if batch.atomic:
-                results = self._atomic(principal, workspace_id, batch.items)
+                results = self._atomic(principal, workspace_id, batch.items, heartbeat)
             else:
                 run = self._run(principal, workspace_id, batch.items, atomic=False)
                 for window in windows(batch.items):
                     self._window(run, window)
                     self._flush(run)
+                    heartbeat()
                 results = self._finished(run)
         for item in results:
             if item.error is not None:
@@ -155,7 +163,11 @@ class BatchService:
         return _Run(principal, workspace_id, items, atomic, [None] * len(items))
 
     def _atomic(
-        self, principal: Principal, workspace_id: uuid.UUID, items: list[dict[str, Any]]
+        self,
+        principal: Principal,
+        workspace_id: uuid.UUID,
+        items: list[dict[str, Any]],
+        heartbeat: Callable[[], None],
     ) -> list[ItemResult]:
         """Every item looked up and validated, then all saved in one save, or
         none: BatchRefused lists every item that would not be created or found."""
@@ -163,6 +175,7 @@ class BatchService:
             run = self._run(principal, workspace_id, items, atomic=True)
             for window in windows(items):
                 self._window(run, window)
+                heartbeat()
             failures = [
                 {"index": item.index, **item.error.to_dict()}
                 for item in run.results

@@ -1,6 +1,6 @@
 """A batch of creates sent with an ``Idempotency-Key``: the key's record, kept
 so a replay answers the first batch's results (AIP-155's request id). Started
-(with the body's hash and a lease), Finished with the compact results, or
+(with the body's hash and a lease, Renewed while it runs), Finished with the compact results, or
 Abandoned when the batch answered an error (the key is free again: a retry
 runs the batch anew, which is safe by external ID). No I/O."""
 
@@ -74,6 +74,11 @@ class BatchOperation(Aggregate):
         (its process is gone, or it took longer than the lease)."""
         self.lease_expires_at = lease_expires_at
         self.abandoned = False
+
+    @event("Renewed")
+    def renew(self, lease_expires_at: datetime) -> None:
+        """Still running: the key stays held until this new expiry."""
+        self.lease_expires_at = lease_expires_at
 
     @event("Finished")
     def finish(self, results: list[dict[str, Any]]) -> None:
