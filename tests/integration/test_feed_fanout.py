@@ -227,3 +227,17 @@ def test_on_sqlite_reading_the_feed_neither_waits_for_nor_holds_the_writer(
     (events, _), page = answers
     assert [e.envelope["subject"] for e in events] == [task]
     assert [item["subject"] for item in page["items"]] == [task]
+
+
+def test_a_read_for_no_workspace_or_for_the_head_alone_returns_no_event(
+    client, services, workspace, member
+):
+    """What a pass reads when every follower has just left (no workspace), and
+    the first pass of a reader (no position yet: the head alone)."""
+    made(client, member[1], 2, "NONE")
+    source = FeedSource(services.app, services.database)
+    head = services.app.max_notification_id()
+    assert source.read(0, []) == ([], head)
+    assert source.read(None, [workspace.id]) == ([], head)
+    events, through = source.read(0, [workspace.id])
+    assert len(events) == 2 and through == head

@@ -128,7 +128,7 @@ SETTLED_READER_PAGE = (
     "SELECT %(upto)s::bigint AS upto, f.* FROM (SELECT 1) AS one LEFT JOIN LATERAL ("
     f" SELECT {READER_COLUMNS} FROM {{schema}}.feed_events"
     " WHERE position > %(after)s AND position <= %(upto)s"
-    " AND workspace_id = ANY(%(workspaces)s) ORDER BY position LIMIT %(limit)s) f ON true"
+    " AND workspace_id = ANY(%(workspaces)s::uuid[]) ORDER BY position LIMIT %(limit)s) f ON true"
 )
 
 
@@ -430,6 +430,8 @@ class FeedFanout:
             joining, self._joining = self._joining, []
             after = self._through
             followed = set(self._followers) | {f.workspace_id for f in joining}
+        if not followed:  # every follower left since the thread looked
+            return
         self.passes += 1
         metrics.feed_read()
         events, through = self.source.read(after, followed)
