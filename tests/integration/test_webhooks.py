@@ -316,6 +316,9 @@ def test_rotation_signs_with_both_secrets_during_the_overlap(
     assert len([s for s in got.headers["webhook-signature"].split() if s.startswith("v1,")]) == 2
     Webhook(made["secret"]).verify(got.body, got.headers)
     Webhook(new_secret).verify(got.body, got.headers)
+    # an overlap that has ended: the old secret no longer signs and leaves the store
+    services.webhooks.service.rotate_secret(workspace.id, sid, 0)
+    _wait(lambda: services.webhooks.store.get(sid).old_secret is None)
 
 
 def test_the_address_is_checked_again_at_connect(client, services, workspace, operator, member):

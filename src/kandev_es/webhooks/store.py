@@ -223,6 +223,15 @@ class SubscriptionStore:
             )
         return bool(rows)
 
+    def drop_expired_secrets(self, now: float) -> None:
+        """Rotated-out secrets whose overlap has ended: gone from the store."""
+        with self.database.transaction() as tx:
+            tx.execute(
+                "UPDATE webhook_subscriptions SET old_secret = NULL, old_secret_until = NULL"
+                " WHERE old_secret IS NOT NULL AND old_secret_until < ?",
+                (now,),
+            )
+
     def delete_workspace(self, workspace_id: uuid.UUID) -> int:
         """Every subscription of a deleted workspace, with its log: how many."""
         with self.database.transaction() as tx:
