@@ -398,3 +398,41 @@ def test_windows_are_bounded_by_items_and_by_text():
     huge = [{"description": "d" * (WINDOW_TEXT * 2)}] * 2
     assert [len(w) for w in windows(huge)] == [1, 1]
     assert list(windows([])) == []
+
+
+def test_a_batchs_events_are_in_a_signed_checkpoint_within_5_seconds(
+    client, services, workspace, member
+):
+    """The ledger's sequencer running as `serve` runs it (its own thread,
+    KANDEV_LEDGER_CHECKPOINT_SECONDS 2): a checkpoint covers every event of a
+    500-item batch within 5 s of the answer."""
+    import time
+
+    from kandev_es.storage.ledger import latest_checkpoint
+
+    _, secret = member
+    sequencer = services.ledger.start_thread()
+    try:
+        answer = batch(
+            client, secret, [{"external_id": f"L-{n}", "title": "t"} for n in range(500)]
+        )
+        answered = time.monotonic()
+        assert answer.json["summary"]["created"] == 500
+        stored = len(
+            list(
+                services.app.recorder.select_notifications(
+                    start=0, limit=100_000, inclusive_of_start=False
+                )
+            )
+        )
+        while True:
+            with services.database.transaction() as tx:
+                latest = latest_checkpoint(tx)
+            if latest is not None and latest[0] >= stored:
+                break
+            assert time.monotonic() - answered < 5, "no checkpoint covered the batch in 5 s"
+            time.sleep(0.05)
+        print(f"covered {time.monotonic() - answered:.2f} s after the answer")
+    finally:
+        services.ledger.stop()
+        sequencer.join(timeout=10)
