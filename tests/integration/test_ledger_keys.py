@@ -139,3 +139,27 @@ def test_a_key_file_swapped_by_hand_does_not_sign(services, workspace, member):
     before = checkpoints(services)
     refused_to_sign(services, "has no window")
     assert checkpoints(services) == before
+
+
+def test_an_upgraded_deployment_keeps_its_key_and_origin_and_anchors_once(
+    services, workspace, member
+):
+    """A key dir from before keyrings and anchors were kept (the key alone):
+    the next start writes the keyring for that key (its own origin stays) and
+    anchors to the store's latest checkpoint, which its key verifies."""
+    note = logged(services, workspace, member, "UP-1")
+    files = ledger_keys.key_files(services.settings)
+    signer = ledger.load_signer(services.settings)
+    files.keyring.unlink()
+    files.anchor.unlink()
+    init_storage(services.settings)
+    ring = parse_keyring(files.keyring.read_text())
+    assert ring.origin == signer.name
+    assert [(e.verifier, e.from_size, e.until_size) for e in ring.entries] == [
+        (signer.verifier, 0, None)
+    ]
+    with services.database.transaction() as tx:
+        latest = ledger.store.latest_checkpoint(tx)
+    assert ledger_keys.read_anchor(files) == ring.open_checkpoint(latest[1])
+    assert ring.open_checkpoint(latest[1]).size >= ring.open_checkpoint(note).size
+    assert files.anchor.stat().st_mode & 0o777 == 0o600
