@@ -8,6 +8,7 @@ connect-time address check."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import time
 import uuid
 
@@ -380,3 +381,32 @@ def test_retry_after_is_honoured_and_the_lag_metric_shows_the_wait(
     assert got[0].webhook_id == got[1].webhook_id
     assert got[0].headers["webhook-timestamp"] <= got[1].headers["webhook-timestamp"]
     _wait(lambda: lag_of(made["id"]) == 0.0)
+
+
+def test_an_answer_trickled_a_byte_at_a_time_is_cut_at_the_attempts_deadline(
+    client, services, workspace, operator, member, deliverer
+):
+    """Each byte within the per-read timeout, the whole never: the attempt
+    ends at KANDEV_WEBHOOK_TIMEOUT (2 s here), not when the bytes stop."""
+
+    def behaviour(received, nth):
+        if nth > 1:
+            return 200, {}, b"ok"
+        stream = received_streams[-1]
+        with contextlib.suppress(OSError):
+            for byte in b"HTTP/1.1 200 OK\r\nX-Slow: " + b"a" * 40:
+                stream.write(bytes([byte]))
+                stream.flush()
+                time.sleep(0.25)
+        return None
+
+    received_streams: list = []
+    with Receiver(behaviour) as receiver:
+        receiver.on_request = received_streams.append
+        made = subscribe(client, workspace, operator[1], receiver.url)
+        make_tasks(client, workspace, member[1], 1)
+        receiver.wait_for(lambda r: len(r) == 2, 30)
+    log = services.webhooks.service.deliveries(workspace.id, uuid.UUID(made["id"]), 5)["items"]
+    first = log[-1]
+    assert first["result"] == "no_answer" and "timed out" in first["response"], first
+    assert 1800 <= first["latency_ms"] < 4000, first  # 40 bytes at 0.25 s would take 10 s

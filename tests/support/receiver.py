@@ -42,6 +42,7 @@ def ok(received: Received, nth: int) -> Answer:
 class Receiver:
     def __init__(self, behaviour: Behaviour = ok) -> None:
         self.behaviour = behaviour
+        self.on_request: Callable[[Any], None] | None = None
         self.received: list[Received] = []
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
@@ -58,6 +59,8 @@ class Receiver:
                     self.path, {k.lower(): v for k, v in self.headers.items()}, body, time.time()
                 )
                 nth = receiver._record(got)
+                if receiver.on_request is not None:  # a behaviour that writes the answer itself
+                    receiver.on_request(self.wfile)
                 answer = receiver.behaviour(got, nth)
                 if answer is None:  # the behaviour answered (or never will) itself
                     return

@@ -7,8 +7,8 @@
   environment is used (it would connect on our behalf, unchecked). A
   subscription keeps its one connection up to KEEPALIVE_SECONDS between
   deliveries (a new connection is checked again).
-- Bounded: ``timeout`` seconds for connect, write and each read, and the
-  whole attempt abandoned once ``timeout`` has passed; at most
+- Bounded: ``timeout`` seconds for the whole attempt (every connect, write
+  and read of its connection waits only until that deadline); at most
   ``SNIPPET_READ`` bytes of the answer are read, of which a short snippet,
   secrets blanked, is kept (never a body, never a header).
 """
@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import re
+import ssl
 import time
 import typing
 from dataclasses import dataclass
@@ -36,12 +37,52 @@ USER_AGENT = "kandev-es-webhooks/1"
 KEEPALIVE_SECONDS = 5.0
 
 
+class DeadlineStream(httpcore.NetworkStream):
+    """A connection whose every read and write waits at most until the
+    attempt's deadline (``GuardedBackend.deadline``): httpx's timeouts bound
+    each phase and each read, so an answer trickled a byte at a time would
+    otherwise hold the subscription for as long as its bytes keep coming."""
+
+    def __init__(self, inner: httpcore.NetworkStream, backend: GuardedBackend) -> None:
+        self._inner = inner
+        self._backend = backend
+
+    def _left(self, timeout: float | None) -> float:
+        left = self._backend.deadline - time.monotonic()
+        if left <= 0:
+            raise httpcore.ReadTimeout("the attempt's time is up")
+        return left if timeout is None else min(timeout, left)
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self._inner.read(max_bytes, self._left(timeout))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._inner.write(buffer, self._left(timeout))
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def start_tls(
+        self,
+        ssl_context: ssl.SSLContext,
+        server_hostname: str | None = None,
+        timeout: float | None = None,
+    ) -> httpcore.NetworkStream:
+        tls = self._inner.start_tls(ssl_context, server_hostname, self._left(timeout))
+        return DeadlineStream(tls, self._backend)
+
+    def get_extra_info(self, info: str) -> typing.Any:
+        return self._inner.get_extra_info(info)
+
+
 class GuardedBackend(httpcore.SyncBackend):
     """httpcore's own backend, but the host is resolved and checked here and
-    the connection made to a checked address."""
+    the connection made to a checked address, bounded by ``deadline`` (set
+    for each attempt by ``post``)."""
 
     def __init__(self, policy: NetworkPolicy) -> None:
         self._policy = policy
+        self.deadline = float("inf")
 
     def connect_tcp(
         self,
@@ -57,16 +98,23 @@ class GuardedBackend(httpcore.SyncBackend):
             raise httpcore.ConnectError(error.message) from None
         last: Exception | None = None
         for address in addresses:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                break
+            wait = left if timeout is None else min(timeout, left)
             try:
-                return super().connect_tcp(address, port, timeout, local_address, socket_options)
+                stream = super().connect_tcp(address, port, wait, local_address, socket_options)
             except httpcore.ConnectError as error:
                 last = error
-        raise last or httpcore.ConnectError("no address to connect to")
+                continue
+            return DeadlineStream(stream, self)
+        raise last or httpcore.ConnectTimeout("the attempt's time is up")
 
 
 class GuardedTransport(httpx.HTTPTransport):
     def __init__(self, policy: NetworkPolicy) -> None:
         super().__init__(trust_env=False, retries=0)
+        self.backend = GuardedBackend(policy)
         # httpx builds its pool without a way to name the network backend:
         # the same pool, with ours (tests/unit/test_library_internals.py).
         self._pool = httpcore.ConnectionPool(
@@ -74,7 +122,7 @@ class GuardedTransport(httpx.HTTPTransport):
             max_connections=1,
             max_keepalive_connections=1,
             keepalive_expiry=KEEPALIVE_SECONDS,
-            network_backend=GuardedBackend(policy),
+            network_backend=self.backend,
         )
 
 
@@ -128,6 +176,9 @@ def post(
     """POST ``body``; the answer's status, latency and snippet, or why none."""
     started = time.monotonic()
     deadline = started + timeout
+    backend: GuardedBackend | None = getattr(client, "guarded_backend", None)
+    if backend is not None:
+        backend.deadline = deadline
     try:
         with client.stream("POST", url, content=body, headers=headers) as response:
             raw = b""
@@ -150,10 +201,15 @@ def post(
 
 
 def new_client(policy: NetworkPolicy, timeout: float) -> httpx.Client:
-    return httpx.Client(
-        transport=GuardedTransport(policy),
+    """One subscription's client: its attempts bounded by ``timeout`` each,
+    whole (``post`` sets the deadline its connection reads and writes by)."""
+    transport = GuardedTransport(policy)
+    client = httpx.Client(
+        transport=transport,
         timeout=httpx.Timeout(timeout),
         follow_redirects=False,
         trust_env=False,
         headers={"user-agent": USER_AGENT},
     )
+    client.guarded_backend = transport.backend  # type: ignore[attr-defined]
+    return client
