@@ -280,7 +280,7 @@ def test_the_postgresql_runbook_runs_as_written(tmp_path):
             row = connection.execute(
                 "SELECT count(*) FROM pg_stat_activity WHERE usename = 'kandev'"
             ).fetchone()
-        assert row is not None and row[0] <= 2 * 17 + 4, row  # the page's bound, 2 workers
+        assert row is not None and row[0] <= 2 * 18 + 4, row  # the page's bound, 2 workers
         before = load.stop()
         assert len(before) >= 10, before
 
