@@ -571,6 +571,23 @@ def agent_environment(
     }
 
 
+# A PostgreSQL password libpq would use: never handed to a child process.
+_LIBPQ_SECRETS = frozenset({"PGPASSWORD", "PGPASSFILE"})
+
+
+def git_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment git commands get, and with them the hooks of a
+    registered repository (``post-checkout``): the server's, without its own
+    settings (KANDEV_*: the database URL, tokens, key files, failpoints) or a
+    libpq password. Git itself needs the rest (PATH, HOME, GIT_*, SSH_*)."""
+    env = os.environ if environ is None else environ
+    return {
+        name: value
+        for name, value in env.items()
+        if not name.startswith("KANDEV_") and name not in _LIBPQ_SECRETS
+    }
+
+
 def take_mcp_token(environ: MutableMapping[str, str] | None = None) -> str | None:
     """The bearer token ``kandev-es mcp`` acts with over stdio (``KANDEV_TOKEN``).
     Removed from the environment once read, so the processes the server starts

@@ -270,3 +270,33 @@ def test_another_node_compensates_a_repository_step_begun_under_the_first_nodes_
     assert not Path(evidence["worktree"]).exists()
     # ... and removes the first node's per-task folder with it (point 5).
     assert not (tmp_path / "node-b" / "worktrees" / str(task_id)).exists()
+
+
+def test_git_and_a_repositorys_hooks_get_no_server_secret(
+    services, settings, workspace, tmp_path, monkeypatch
+):
+    """The repository step's git commands run the repository's hooks: they see
+    the server's environment without its KANDEV_* settings (the database URL,
+    tokens) or a libpq password."""
+    from kandev_es.creation.steps.base import StepContext
+    from kandev_es.creation.steps.repository import RepositoryStep
+
+    monkeypatch.setenv("KANDEV_DATABASE_URL", "postgresql://kandev:s3cret-url@db/kandev")
+    monkeypatch.setenv("PGPASSWORD", "s3cret-pg")
+    path = make_git_repository(tmp_path / "hooked")
+    seen = tmp_path / "hook-environment"
+    hook = path / ".git" / "hooks" / "post-checkout"
+    hook.write_text(f"#!/bin/sh\nenv > '{seen}'\n")
+    hook.chmod(0o755)
+    manifest = {"workspace_id": str(workspace.id), "identifier": "ENV-1", "repositories": []}
+    ctx = StepContext(services.app, settings, uuid.uuid4(), 1, uuid.uuid4(), manifest,
+                      services.tokens)
+    step = RepositoryStep("hooked", str(path))
+    step.run(ctx)
+    try:
+        names = {line.split("=", 1)[0] for line in seen.read_text().splitlines()}
+        assert "s3cret" not in seen.read_text()
+        assert not {name for name in names if name.startswith("KANDEV_")} and "PATH" in names
+    finally:
+        step.compensate(ctx)
+    assert step.absent(ctx)

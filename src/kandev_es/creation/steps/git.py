@@ -9,6 +9,7 @@ import subprocess
 import threading
 from pathlib import Path
 
+from kandev_es.config import git_environment
 from kandev_es.errors import InternalError
 
 
@@ -38,6 +39,7 @@ def git(
         capture_output=True,
         text=True,
         stdin=subprocess.DEVNULL,
+        env=git_environment(),
         timeout=60,
         check=False,
     )
@@ -55,6 +57,7 @@ def _stoppable(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        env=git_environment(),
         process_group=0,
     ) as process:
         while True:
