@@ -160,6 +160,9 @@ def test_after_a_real_restore_an_operator_reanchors_with_a_signed_statement(
     assert untouched.stdout == ""
     assert not ledger_keys.key_files(services.settings).reanchors.exists()
     restore(services, backup)
+    with in_the_store(services) as sql:  # restored from a version without the table
+        sql.execute("DROP TABLE ledger_reanchors")
+    assert verify_ledger(services.app, services.database, keyring(services)).reanchors == []
     assert create_more(services, workspace, member, "R-3")  # after the restore: a fork
     refused_to_sign(services)
 

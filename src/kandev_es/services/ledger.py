@@ -411,7 +411,8 @@ class Sequencer:
             if stored is None and size > 0:
                 store.add_checkpoint(tx, size, note, time.time())
             statement = sign_note(reanchor_text(signer.name, anchor, size, root, reason), signer)
-            store.add_reanchor(tx, statement, time.time())  # what audit verify explains forks by
+            # What audit verify --ledger explains a fork by.
+            store.add_reanchor(tx, self.database.backend, statement, time.time())
         keys.append_statement(self._files, statement)
         keys.write_anchor(self._files, note, force=True)
         log.warning("ledger: RE-ANCHORED by an operator (%s): from size %d root %s to size %d"

@@ -350,7 +350,7 @@ def verify_ledger(
         notes = [(f"stored checkpoint {size}", note) for size, note in store.all_checkpoints(tx)]
         stored = store.stored_chain_hashes(tx, database.backend, table)
         spelled = store.stored_stream_ids(tx, database.backend, table)
-        statements = store.reanchors(tx)
+        statements = store.reanchors(tx, database.backend)
     _check_reanchors(statements, keyring, report)
     _check_stream_ids(events, spelled, database.backend, report)
     _check_stored_chains(events, stored, report)

@@ -399,11 +399,23 @@ def stream_id_guard_ddl(backend: str, table: str) -> tuple[str, ...]:
     )
 
 
-def add_reanchor(tx: Transaction, note: str, signed_at: float) -> None:
-    """An operator's signed re-anchor statement (``audit reanchor``)."""
+def add_reanchor(tx: Transaction, backend: str, note: str, signed_at: float) -> None:
+    """An operator's signed re-anchor statement (``audit reanchor``). Its
+    table is made here too: the runbook re-anchors a restored store before
+    ``db init`` (which refuses to sign until then), and a store restored from
+    an earlier version has no such table yet."""
+    ddl = [d for d in ledger_ddl(backend) if "ledger_reanchors" in d]
+    for statement in ddl:
+        tx.execute(statement)
     tx.execute("INSERT INTO ledger_reanchors (signed_at, note) VALUES (?, ?)", (signed_at, note))
 
 
-def reanchors(tx: Transaction) -> list[str]:
+def reanchors(tx: Transaction, backend: str) -> list[str]:
+    """The re-anchor statements, oldest first (none in a store whose ``db
+    init`` predates them: the table is not there yet)."""
+    present = ("SELECT to_regclass('ledger_reanchors') IS NOT NULL" if backend == "postgres"
+               else "SELECT count(*) > 0 FROM sqlite_master WHERE name = 'ledger_reanchors'")
+    if not tx.execute(present)[0][0]:
+        return []
     rows = tx.execute("SELECT note FROM ledger_reanchors ORDER BY signed_at")
     return [str(note) for (note,) in rows]
