@@ -101,11 +101,14 @@ class TimedChannel(HTTPChannel):  # type: ignore[misc]
 
     def overdue(self, now: float, timeouts: Timeouts) -> bool:
         """Closing time: its request's headers or body took too long, or the
-        connection sat without a request. One being served never is."""
+        connection sat without a request. One being served is only when what
+        waits for its client has not moved for channel_timeout: a stream whose
+        client stopped reading (its thread, blocked writing, is let go)."""
         if self.lingering_until:
             return now > self.lingering_until
         if self.requests:
-            return False
+            stalled = now - float(self.last_activity) > self.adj.channel_timeout
+            return bool(self.total_outbufs_len) and stalled
         request = self.request
         if request is not None and not request.completed:
             limit = timeouts.body if request.headers_finished else timeouts.header
@@ -148,7 +151,11 @@ def _bound(server: BaseWSGIServer, timeouts: Timeouts, limits: HeadLimits) -> No
 
     def maintenance(now: float) -> None:
         for channel in list(server.active_channels.values()):
-            if channel.overdue(now, timeouts) and not channel.time_out(timeouts):
+            if not channel.overdue(now, timeouts) or channel.time_out(timeouts):
+                continue
+            if channel.requests:  # stalled: its socket never turns writable to close it
+                channel.handle_close()
+            else:
                 channel.will_close = True
 
     server.channel_class = type(

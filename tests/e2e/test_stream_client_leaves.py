@@ -53,3 +53,47 @@ def test_a_client_leaving_an_idle_stream_frees_its_slot_within_seconds(server):
     freed_s = time.monotonic() - left_at
     print(f"slot freed {freed_s:.2f} s after the client left")
     assert freed_s < FREED_WITHIN_S, freed_s
+
+
+@pytest.mark.slow
+def test_a_client_that_stops_reading_its_stream_is_let_go_after_the_send_timeout(server):
+    """A client that keeps its connection but takes nothing more: once what
+    waits for it has not moved for the worker's send timeout (60 s), the
+    connection is closed and the stream's thread and slot are free again
+    (before, they were held for as long as the client kept the connection)."""
+    import socket
+
+    issued = http(
+        "POST", server.base + "/api/v1/tokens", server.token,
+        {"workspace_id": server.workspace_id},
+    )
+    token = issued.body["token"]
+    stalled = socket.socket()
+    stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    stalled.connect(("127.0.0.1", server.port))
+    stalled.sendall(
+        f"GET /api/v1/workspaces/{server.workspace_id}/events/stream?max_seconds=600 HTTP/1.1"
+        f"\r\nHost: x\r\nAuthorization: Bearer {token}\r\n\r\n".encode()
+    )
+    assert b" 200 " in stalled.recv(1024)  # then it reads nothing more
+    try:
+        for n in range(60):  # about 6 MB of frames: more than the sockets hold
+            made = http(
+                "POST", server.base + "/api/v1/tasks", server.token,
+                {"workspace_id": server.workspace_id, "title": f"big {n}",
+                 "description": "d" * 99_000},
+            )
+            assert made.status == 200, made.body
+        filled_at = time.monotonic()
+        while True:
+            again, status, _ = open_event_stream(server, token)
+            again.close()
+            if status == 200:
+                break
+            assert time.monotonic() - filled_at < 120, "the stalled stream was never let go"
+            time.sleep(1.0)
+        waited = time.monotonic() - filled_at
+    finally:
+        stalled.close()
+    print(f"stalled stream let go {waited:.1f} s after its last event")
+    assert waited > 30, "let go before its send timeout: a slow reader must not be cut"
