@@ -38,7 +38,7 @@ def proxied(settings) -> Iterator[tuple[Services, PgProxy]]:
 
 def tasks_in(services: Services, workspace_id) -> list[dict]:
     services.projections.catch_up()
-    return services.tasks.list(workspace_id)[0]
+    return services.tasks.list(workspace_id).items
 
 
 @pytest.mark.parametrize("external_id", [None, "LOST-1"], ids=["anonymous", "external_id"])

@@ -40,7 +40,7 @@ def test_the_projection_loop_stops_before_an_event_of_an_unknown_topic(
     assert NEWER in str(refused.value)
     assert services.projections.position("tasks@rebuild") == newer_id - 1  # never past it
     assert any(NEWER in r.getMessage() and r.levelname == "ERROR" for r in caplog.records)
-    titles = sorted(t["title"] for t in services.tasks.list(workspace.id)[0])
+    titles = sorted(t["title"] for t in services.tasks.list(workspace.id).items)
     assert titles == ["after", "before"]  # the live read model was not swapped
     ready = client.get("/readyz")
     assert ready.status_code == 503

@@ -14,6 +14,8 @@ import pytest
 from kandev_es.api import create_app
 from kandev_es.bootstrap import bootstrap
 from kandev_es.domain.external_id import identity_id
+from kandev_es.webhooks.addresses import NetworkPolicy
+from kandev_es.webhooks.subscriptions import WebhookService
 from tests.conftest import bearer
 from tests.integration.helpers import create
 
@@ -28,6 +30,7 @@ UNSCOPED = {
     "/healthz",
     "/readyz",
     "/metrics",
+    "/api/v1/webhooks/public-key",  # the v1a verifying key, the same for every receiver
 }
 ADMIN_ONLY = {"/api/v1/workspaces", "/api/v1/tokens"}
 # The Merkle log's checkpoints and consistency proofs are about the whole log (a
@@ -44,7 +47,16 @@ def victim(client, services, workspace, member) -> dict[str, Any]:
     _, secret = member
     reply = create(client, secret, external_id="VICTIM-1", title="secret plans")
     assert reply.status_code == 200, reply.json
-    return reply.json
+    # the webhook routes name one of the victim's subscriptions: to a
+    # documentation address (allowed for this one create; nothing delivers here)
+    webhooks = services.webhooks.service
+    allowing = WebhookService(
+        webhooks.store, NetworkPolicy.from_settings(["192.0.2.0/24"], False), webhooks.overlap
+    )
+    subscription, _ = allowing.create(
+        workspace.id, "https://192.0.2.10/hook", ["task.created"], "victim's"
+    )
+    return {**reply.json, "webhook_id": subscription["id"]}
 
 
 @pytest.fixture
@@ -71,6 +83,7 @@ def fill(rule: str, victim: dict[str, Any]) -> str:
         "handle": victim["creation_handle"],
         # a parked creation's settling routes name the victim's identity
         "identity_id": identity_id(uuid.UUID(victim["workspace_id"]), "VICTIM-1"),
+        "webhook_id": victim["webhook_id"],
     }
 
     def value(match: re.Match[str]) -> str:
@@ -82,8 +95,12 @@ def fill(rule: str, victim: dict[str, Any]) -> str:
 
 
 def leaks(text: str, victim: dict[str, Any]) -> list[str]:
-    return [s for s in (victim["id"], victim["title"], "VICTIM-1", victim["identifier"])
-            if s in text]
+    return [
+        s
+        for s in (victim["id"], victim["title"], "VICTIM-1", victim["identifier"],
+                  victim["webhook_id"], "192.0.2.10")
+        if s in text
+    ]
 
 
 def test_every_scoped_route_denies_another_workspace_with_404_and_leaks_nothing(
