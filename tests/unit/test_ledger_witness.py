@@ -9,10 +9,15 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import socket
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from kandev_es_client import merkle, witness
 from kandev_es_client import signed_note as sn
+
+from kandev_es.services import ledger_witness
 
 ORIGIN = "witness.test/log"
 
@@ -37,8 +42,9 @@ class Log:
 
 def make_witness(tmp_path, log: Log) -> witness.Witness:
     cosigner = witness.generate_cosigner("witness.test/w1")
-    return witness.Witness(cosigner, tmp_path / "state.json",
-                           [witness.TrustedLog(ORIGIN, log.keyring)])
+    return witness.Witness(
+        cosigner, tmp_path / "state.json", [witness.TrustedLog(ORIGIN, log.keyring)]
+    )
 
 
 def refused(call) -> witness.Refused:
@@ -53,8 +59,7 @@ def test_a_cosignature_verifies_with_the_witness_key_over_the_whole_checkpoint()
     assert key == cosigner.key
     assert witness.parse_cosigner_skey(cosigner.skey()) == cosigner
     # The key id is over type 0x04 (a cosigner), not 0x01 (a note signer).
-    assert key.key_id == hashlib.sha256(
-        b"witness.test/w1\n\x04" + key.public_key).digest()[:4]
+    assert key.key_id == hashlib.sha256(b"witness.test/w1\n\x04" + key.public_key).digest()[:4]
     assert key.key_id != sn.key_id("witness.test/w1", key.public_key)
     log = Log()
     note = log.note(5)
@@ -97,18 +102,106 @@ def test_a_split_view_gets_no_cosignature(tmp_path):
     assert w.last(ORIGIN) == (9, log.tree.root(9))
 
 
-@pytest.mark.parametrize("make_body, status", [
-    (lambda log: log.body(0, 5).replace(ORIGIN, "other.test/log"), 404),
-    (lambda log: witness.add_checkpoint_body(
-        0, [], log.note(5, sn.generate_signer(ORIGIN))), 403),
-    (lambda log: log.body(7, 5, []), 400),
-    (lambda log: log.body(0, 5)[4:], 400),
-    (lambda log: log.body(0, 5, [bytes(32)] * 64), 400),
-    (lambda log: log.body(0, 5, [bytes(32)]), 422),
-    (lambda log: "old 0\n\nnot a note\n", 400),
-])
+@pytest.mark.parametrize(
+    "make_body, status",
+    [
+        (lambda log: log.body(0, 5).replace(ORIGIN, "other.test/log"), 404),
+        (
+            lambda log: witness.add_checkpoint_body(0, [], log.note(5, sn.generate_signer(ORIGIN))),
+            403,
+        ),
+        (lambda log: log.body(7, 5, []), 400),
+        (lambda log: log.body(0, 5)[4:], 400),
+        (lambda log: log.body(0, 5, [bytes(32)] * 64), 400),
+        (lambda log: log.body(0, 5, [bytes(32)]), 422),
+        (lambda log: "old 0\n\nnot a note\n", 400),
+    ],
+)
 def test_each_bad_request_gets_its_status(tmp_path, make_body, status):
     log = Log()
     w = make_witness(tmp_path, log)
     assert refused(lambda: w.add_checkpoint(make_body(log))).status == status
     assert not (tmp_path / "state.json").exists()  # nothing recorded
+
+
+def test_a_witness_that_cosigned_the_empty_tree_cosigns_its_extensions(tmp_path):
+    """A new log's first checkpoint may be of size 0 (db init, or serve
+    before any event): every tree extends it, so the next one comes with
+    old 0 and no proof and is cosigned (it was refused 422 for ever)."""
+    log = Log()
+    w = make_witness(tmp_path, log)
+    w.add_checkpoint(log.body(0, 0))
+    assert w.last(ORIGIN) == (0, merkle.EMPTY_ROOT)
+    line = w.add_checkpoint(log.body(0, 5))
+    assert witness.cosigners_of(log.note(5) + line, [w.cosigner.key])
+    assert w.last(ORIGIN)[0] == 5
+    assert refused(lambda: w.add_checkpoint(log.body(5, 9, []))).status == 422
+    (tmp_path / "fresh").mkdir()
+    fresh = make_witness(tmp_path / "fresh", log)
+    fresh.add_checkpoint(log.body(0, 0))
+    assert refused(lambda: fresh.add_checkpoint(log.body(0, 5, [bytes(32)]))).status == 422
+
+
+def test_a_content_length_of_non_ascii_digits_is_a_400(tmp_path):
+    """'Content-Length: ²' (str.isdigit says yes, int() refuses) is answered
+    400; it raised in the handler and the connection closed with no answer."""
+    w = make_witness(tmp_path, Log())
+    server = ThreadingHTTPServer(("127.0.0.1", 0), witness._handler(w))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        with socket.create_connection(("127.0.0.1", server.server_port), timeout=5) as conn:
+            conn.sendall(
+                b"POST /add-checkpoint HTTP/1.1\r\nHost: w\r\n"
+                b"Content-Length: \xb2\r\nConnection: close\r\n\r\n"
+            )
+            answer = b""
+            while chunk := conn.recv(4096):
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.0 400 "), answer[:80]
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+@pytest.mark.parametrize("answer", ["log", "two lines"])
+def test_the_log_keeps_no_witness_answer_but_one_cosignature_line_of_its_own_name(tmp_path, answer):
+    """A witness answering 200 with a line named as the log's key (its key id,
+    a bad signature) would have every verifier refuse the stored checkpoint
+    (a known key's failing signature rejects a note): such an answer, and
+    two lines, are refused and the note kept as signed."""
+    log = Log()
+    note = log.note(5)
+    cosigner = witness.generate_cosigner("witness.test/w1")
+    forged = (
+        f"{sn.EM_DASH} {ORIGIN} "
+        f"{base64.b64encode(log.signer.verifier.key_id + bytes(64)).decode()}\n"
+    )
+    good = cosigner.cosign(sn.split_note(note)[0])
+    body = {"log": forged, "two lines": good + good}[answer].encode()
+
+    class Answer(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        asked = ledger_witness.Witnesses([f"http://127.0.0.1:{server.server_port}"])
+        assert asked.cosign(note, 5, lambda old: []) == note
+        assert log.keyring.open_checkpoint(note).size == 5
+        with pytest.raises(sn.NoteError):
+            log.keyring.open_checkpoint(note + forged)  # what was stored before
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)

@@ -47,8 +47,14 @@ class Witnesses:
             try:
                 lines.append(self._ask(url, note, size, prove))
             except (httpx.HTTPError, WitnessRefused, NoteError, ValueError) as error:
-                log.warning("ledger: witness %s did not cosign the checkpoint of size %d: %s"
-                            " (asked again in %.0f s)", url, size, error, RETRY_SECONDS)
+                log.warning(
+                    "ledger: witness %s did not cosign the checkpoint of size %d: %s"
+                    " (asked again in %.0f s)",
+                    url,
+                    size,
+                    error,
+                    RETRY_SECONDS,
+                )
                 self._retry_at[url] = time.monotonic() + RETRY_SECONDS
         return note + "".join(lines)
 
@@ -56,23 +62,42 @@ class Witnesses:
         old = self._last.get(url, 0)
         for _ in range(2):  # the second time with the size a 409 named
             proof = prove(old) if 0 < old < size else []
-            answer = httpx.post(f"{url}/add-checkpoint", timeout=TIMEOUT_SECONDS,
-                                content=add_checkpoint_body(old, proof, note).encode())
+            answer = httpx.post(
+                f"{url}/add-checkpoint",
+                timeout=TIMEOUT_SECONDS,
+                content=add_checkpoint_body(old, proof, note).encode(),
+            )
             text = answer.text[:MAX_ANSWER]
-            if answer.status_code == 409 and answer.headers.get(
-                    "content-type", "").startswith(SIZE_TYPE):
+            if answer.status_code == 409 and answer.headers.get("content-type", "").startswith(
+                SIZE_TYPE
+            ):
                 seen = int(text.strip())
                 if seen > size:
                     raise WitnessRefused(
                         f"it cosigned size {seen}, and this log is at {size}: the log was cut"
-                        " or forked (a restore?) since it last asked")
+                        " or forked (a restore?) since it last asked"
+                    )
                 if seen == old:
                     raise WitnessRefused(f"it cosigned another root at size {seen}: a fork")
                 old = seen
                 continue
             if answer.status_code != 200:
                 raise WitnessRefused(f"HTTP {answer.status_code}: {text.strip()[:200]}")
-            split_note(note + text)  # signature lines, at most 16 in all
+            self._check_line(note, text)
             self._last[url] = size
             return text
         raise WitnessRefused("it kept answering 409")
+
+    @staticmethod
+    def _check_line(note: str, text: str) -> None:
+        """A witness answers one cosignature line of its own name: a line
+        named as a key that signed ``note`` (the log's) would make every
+        verifier holding that key refuse the stored checkpoint."""
+        _, before = split_note(note)
+        _, after = split_note(note + text)  # well-formed, at most 16 lines in all
+        if len(after) != len(before) + 1:
+            raise WitnessRefused("its answer is not one cosignature line")
+        if after[-1].name in {signature.name for signature in before}:
+            raise WitnessRefused(
+                f"its answer is a signature named {after[-1].name!r}, as the log's own key"
+            )

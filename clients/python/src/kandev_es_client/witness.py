@@ -245,7 +245,7 @@ def trusted_log(text: str) -> TrustedLog:
     if origin is None and len(names) == 1:
         origin = names.pop()
     if not origin:
-        raise NoteError("the keyring names no single origin (add \"origin\" to it)")
+        raise NoteError('the keyring names no single origin (add "origin" to it)')
     return TrustedLog(str(origin), keyring)
 
 
@@ -308,7 +308,9 @@ class Witness:
             elif proof:
                 raise Refused(422, "the proof from size 0 must be empty")
             state["logs"][checkpoint.origin] = {
-                "size": checkpoint.size, "root": base64.b64encode(checkpoint.root).decode()}
+                "size": checkpoint.size,
+                "root": base64.b64encode(checkpoint.root).decode(),
+            }
             self._write(state)
         return self.cosigner.cosign(checkpoint.text())
 
@@ -334,6 +336,10 @@ class Witness:
             if root != checkpoint.root or proof:
                 raise Refused(409, f"{size}\n", SIZE_TYPE)
             return
+        if size == 0:  # every tree extends the empty one it cosigned: no proof to check
+            if proof:
+                raise Refused(422, "the proof from size 0 must be empty")
+            return
         try:
             verify_consistency(size, checkpoint.size, root, checkpoint.root, proof)
         except ProofError as error:
@@ -348,7 +354,7 @@ def _handler(witness: Witness) -> type[BaseHTTPRequestHandler]:
             if self.path.rstrip("/") != "/add-checkpoint":
                 return self._answer(404, "not found\n")
             length = self.headers.get("Content-Length", "")
-            if not length.isdigit() or int(length) > MAX_BODY:
+            if not (length.isascii() and length.isdigit()) or int(length) > MAX_BODY:
                 return self._answer(400, f"a body of at most {MAX_BODY} bytes\n")
             try:
                 body = self.rfile.read(int(length)).decode("utf-8")
@@ -374,8 +380,11 @@ def _handler(witness: Witness) -> type[BaseHTTPRequestHandler]:
 
 def serve(witness: Witness, host: str, port: int) -> None:
     server = ThreadingHTTPServer((host, port), _handler(witness))
-    print(f"witness {witness.cosigner.name} on http://{host}:{server.server_port}"
-          f" ({witness.cosigner.key.vkey()})", flush=True)
+    print(
+        f"witness {witness.cosigner.name} on http://{host}:{server.server_port}"
+        f" ({witness.cosigner.key.vkey()})",
+        flush=True,
+    )
     try:
         server.serve_forever()
     finally:
@@ -383,18 +392,28 @@ def serve(witness: Witness, host: str, port: int) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kandev-es-verify witness",
-                                     description="A C2SP tlog-witness for kandev-es logs.")
+    parser = argparse.ArgumentParser(
+        prog="kandev-es-verify witness", description="A C2SP tlog-witness for kandev-es logs."
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     keygen = commands.add_parser("keygen", help="make a witness key (prints its vkey)")
     keygen.add_argument("name", help="the witness's name, e.g. witness.example.com/w1")
     keygen.add_argument("--key", type=Path, required=True, help="the private key file to make")
     run = commands.add_parser("serve", help="answer POST /add-checkpoint")
     run.add_argument("--key", type=Path, required=True)
-    run.add_argument("--state", type=Path, required=True,
-                     help="the witness's own record of what it cosigned (JSON)")
-    run.add_argument("--log", type=Path, action="append", required=True,
-                     help="a log's keyring (kandev-es audit keyring); repeatable")
+    run.add_argument(
+        "--state",
+        type=Path,
+        required=True,
+        help="the witness's own record of what it cosigned (JSON)",
+    )
+    run.add_argument(
+        "--log",
+        type=Path,
+        action="append",
+        required=True,
+        help="a log's keyring (kandev-es audit keyring); repeatable",
+    )
     run.add_argument("--listen", default="127.0.0.1:7380", help="host:port (port 0: any)")
     return parser
 
