@@ -509,6 +509,14 @@ class LedgerKeyUnsafe(Unavailable):
     code = "ledger_key_unsafe"
 
 
+class WebhookKeyMissing(Unavailable):
+    """This node has no readable webhook signing key (KANDEV_WEBHOOK_KEY_FILE,
+    made by ``db init``): it signs no v1a and delivers no webhooks; another
+    node that has the deployment's key delivers (docs/webhooks.md)."""
+
+    code = "webhook_key_missing"
+
+
 class InvalidSetting(KandevError):
     """An environment setting that does not parse (KANDEV_POOL_SIZE=abc); the
     CLI reports it as a usage error (exit 2)."""

@@ -3,6 +3,8 @@ named function. No application object is built at import time."""
 
 from __future__ import annotations
 
+import logging
+
 from flask import Flask, Response, request
 from flask_smorest import Api
 
@@ -26,11 +28,13 @@ from kandev_es.api import (
 from kandev_es.api.context import EXTENSION_KEY
 from kandev_es.bootstrap import Services, bootstrap
 from kandev_es.config import Settings, load_settings
-from kandev_es.errors import NO_STORE
+from kandev_es.errors import NO_STORE, WebhookKeyMissing
 from kandev_es.limits import check_query_string, parse_cursor
 from kandev_es.observability import serving, tracing
 from kandev_es.observability.middleware import with_request_ids
 from kandev_es.services.stream_slots import StreamSlots
+
+log = logging.getLogger("kandev_es.api")
 
 
 def create_app(
@@ -63,8 +67,7 @@ def create_app(
         if settings.runtime_in_process:
             _start_runtime(services)
         if settings.webhooks_in_process:
-            # A background thread, never a request's: one process per database delivers.
-            services.webhooks.deliverer().start_thread()
+            _start_webhooks(services)
     return app
 
 
@@ -168,6 +171,18 @@ def _no_store(response: Response) -> Response:
     if not (request.endpoint or "").endswith("static"):
         response.headers[NO_STORE[0]] = NO_STORE[1]
     return response
+
+
+def _start_webhooks(services: Services) -> None:
+    """A background thread, never a request's: one process per database
+    delivers. A node without the deployment's webhook key delivers nothing
+    (and so never takes the lead from one that has it)."""
+    try:
+        deliverer = services.webhooks.deliverer()
+    except WebhookKeyMissing as error:
+        log.error("webhooks: this process delivers no webhooks: %s", error.message)
+        return
+    deliverer.start_thread()
 
 
 def _start_runtime(services: Services) -> None:

@@ -27,6 +27,8 @@ from pathlib import Path
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
+from kandev_es.errors import WebhookKeyMissing
+
 log = logging.getLogger("kandev_es.webhooks")
 SECRET_PREFIX = "whsec_"
 SECRET_BYTES = 32
@@ -94,7 +96,17 @@ def load_key(path: Path, create: bool = False) -> WebhookKey:
             file.write(key.private_text() + "\n")
         log.info("webhooks: made the signing key %s (%s)", path, key.public_key())
         return key
-    return WebhookKey.parse(path.read_text(encoding="utf-8"))
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        # A node whose data dir never ran `db init` (another API node of the
+        # same database): no key of its own is made, or receivers holding the
+        # deployment's public key would reject what it signs.
+        raise WebhookKeyMissing(
+            f"no readable webhook signing key at {path} ({error.strerror}): copy the"
+            " deployment's key there or set KANDEV_WEBHOOK_KEY_FILE (docs/webhooks.md)"
+        ) from error
+    return WebhookKey.parse(text)
 
 
 def signature_header(
