@@ -17,11 +17,14 @@ ORIGIN = "ledger.test/kandev-es"
 WORKSPACE = uuid.UUID("00000000-0000-4000-8000-0000000000aa")
 EXTERNAL_ID = "JIRA-7"
 STREAM = ledger.identity_stream(str(WORKSPACE), EXTERNAL_ID)
-REGISTERED = json.dumps({"workspace_id": {"_type_": "uuid_hex", "_data_": WORKSPACE.hex},
-                         "external_id": EXTERNAL_ID}).encode()
-EVENTS = [(1, "kandev_es.domain.identity:Identity.Registered", REGISTERED),
-          (2, "kandev_es.domain.identity:Identity.Claimed", b'{"b":2}'),
-          (3, "kandev_es.domain.identity:Identity.Completed", b'{"c":3}')]
+REGISTERED = json.dumps(
+    {"workspace_id": {"_type_": "uuid_hex", "_data_": WORKSPACE.hex}, "external_id": EXTERNAL_ID}
+).encode()
+EVENTS = [
+    (1, "kandev_es.domain.identity:Identity.Registered", REGISTERED),
+    (2, "kandev_es.domain.identity:Identity.Claimed", b'{"b":2}'),
+    (3, "kandev_es.domain.identity:Identity.Completed", b'{"c":3}'),
+]
 LEAVES = (1, 4, 8)  # the stream's events' leaves in a log of 12
 
 
@@ -61,10 +64,15 @@ class Log:
         bucket = heads.bucket_of(STREAM)
         nodes = heads.updated_nodes(
             lambda level, index: None,
-            {b: heads.bucket_hash(e for e in entries if heads.bucket_of(e.stream) == b)
-             for b in {heads.bucket_of(e.stream) for e in entries}})
-        mine = sorted((e for e in entries if heads.bucket_of(e.stream) == bucket),
-                      key=lambda e: e.stream.bytes)
+            {
+                b: heads.bucket_hash(e for e in entries if heads.bucket_of(e.stream) == b)
+                for b in {heads.bucket_of(e.stream) for e in entries}
+            },
+        )
+        mine = sorted(
+            (e for e in entries if heads.bucket_of(e.stream) == bucket),
+            key=lambda e: e.stream.bytes,
+        )
         path = [nodes.get(key, heads.EMPTY[key[0]]) for key in heads.siblings(bucket)]
         return heads.proof_document(mine, path)
 
@@ -76,20 +84,34 @@ class Log:
     ) -> dict:
         b64 = base64.b64encode
         return {
-            "format": ledger.BUNDLE_FORMAT, "stream_id": str(STREAM),
-            "workspace_id": str(WORKSPACE), "external_id": EXTERNAL_ID,
+            "format": ledger.BUNDLE_FORMAT,
+            "stream_id": str(STREAM),
+            "workspace_id": str(WORKSPACE),
+            "external_id": EXTERNAL_ID,
             "checkpoint": self.note(size, with_map),
             "events": [
-                {"version": v, "topic": t, "state": b64(s).decode(), "hash": b64(h).decode(),
-                 "leaf_index": LEAVES[i],
-                 "inclusion": [b64(p).decode()
-                               for p in merkle.inclusion_proof(self.tree.node, LEAVES[i], size)]
-                 if LEAVES[i] < size else []}
+                {
+                    "version": v,
+                    "topic": t,
+                    "state": b64(s).decode(),
+                    "hash": b64(h).decode(),
+                    "leaf_index": LEAVES[i],
+                    "inclusion": [
+                        b64(p).decode()
+                        for p in merkle.inclusion_proof(self.tree.node, LEAVES[i], size)
+                    ]
+                    if LEAVES[i] < size
+                    else [],
+                }
                 for i, ((v, t, s), h) in enumerate(zip(EVENTS, self.hashes, strict=True))
             ],
             "consistency": [
-                {"from_size": old, "proof": [b64(p).decode() for p in
-                                             merkle.consistency_proof(self.tree.node, old, size)]}
+                {
+                    "from_size": old,
+                    "proof": [
+                        b64(p).decode() for p in merkle.consistency_proof(self.tree.node, old, size)
+                    ],
+                }
                 for old in consistency_from
             ],
             "heads": self.heads_proof(size),
@@ -156,10 +178,23 @@ def test_the_verifier_command_reads_files_and_exits_by_outcome(tmp_path, capsys)
     assert verify.main(args) == 1
     assert "v2 Registered: failed: expected version 1" in capsys.readouterr().out
     (tmp_path / "checkpoint").write_text(bundle["checkpoint"])
-    assert verify.main(["checkpoint", str(tmp_path / "checkpoint"),
-                        "--keyring", str(tmp_path / "keyring.json")]) == 0
-    assert verify.main(["bundle", str(tmp_path / "missing"), "--keyring",
-                        str(tmp_path / "keyring.json")]) == verify.USAGE_ERROR
+    assert (
+        verify.main(
+            [
+                "checkpoint",
+                str(tmp_path / "checkpoint"),
+                "--keyring",
+                str(tmp_path / "keyring.json"),
+            ]
+        )
+        == 0
+    )
+    assert (
+        verify.main(
+            ["bundle", str(tmp_path / "missing"), "--keyring", str(tmp_path / "keyring.json")]
+        )
+        == verify.USAGE_ERROR
+    )
 
 
 def forged_completed(bundle, leaf_index):
@@ -175,8 +210,9 @@ def forged_completed(bundle, leaf_index):
 
 def test_the_auditors_checkpoint_must_be_extended_by_the_bundles():
     log = Log()
-    report = ledger.verify_bundle(log.bundle(12, (5, 9)), log.keyring, ORIGIN,
-                                  [log.held(5), log.held(9), log.held(12)])
+    report = ledger.verify_bundle(
+        log.bundle(12, (5, 9)), log.keyring, ORIGIN, [log.held(5), log.held(9), log.held(12)]
+    )
     assert report.ok, report.lines()
     assert statuses(report) == [(1, "verified"), (2, "verified"), (3, "verified")]
     extends = "your checkpoint of size 9: the bundle's checkpoint extends it: OK"
@@ -189,6 +225,21 @@ def test_the_auditors_checkpoint_must_be_extended_by_the_bundles():
     wrong = log.bundle(12, (5,))
     wrong["consistency"][0]["proof"] = list(reversed(wrong["consistency"][0]["proof"]))
     assert not ledger.verify_bundle(wrong, log.keyring, ORIGIN, [log.held(5)]).ok
+
+
+def test_the_auditors_empty_first_checkpoint_is_extended_by_every_bundle():
+    """A log's first checkpoint may be of size 0 (db init on an empty store):
+    every tree extends the empty one, so it needs no proof (the server makes
+    none from 0, and the verifier failed every bundle for lack of one); one
+    of size 0 whose root is not the empty tree's still fails."""
+    log = Log()
+    assert log.held(0).root == merkle.EMPTY_ROOT
+    report = ledger.verify_bundle(log.bundle(12), log.keyring, ORIGIN, [log.held(0)])
+    assert report.ok, report.lines()
+    assert "your checkpoint of size 0: the bundle's checkpoint extends it" in report.lines()[1]
+    lying = sn.Checkpoint(ORIGIN, 0, bytes(32)).text()
+    forged = log.keyring.open_checkpoint(sn.sign_note(lying, log.signer))
+    assert not ledger.verify_bundle(log.bundle(12), log.keyring, ORIGIN, [forged]).ok
 
 
 def test_a_replaced_event_marked_pending_fails_against_the_auditors_checkpoint():
@@ -247,11 +298,17 @@ def test_the_labels_must_name_the_stream_and_its_registered_event():
     assert f"external ID '{EXTERNAL_ID}'" in report.problem
 
 
-@pytest.mark.parametrize("value, said", [
-    ("4", '"4", not a whole number'), (4.5, "4.5, not a whole number"),
-    (True, "true, not a whole number"), (-1, "-1 is out of range"),
-    (2**64, "is out of range"), ([4], "not a whole number"),
-])
+@pytest.mark.parametrize(
+    "value, said",
+    [
+        ("4", '"4", not a whole number'),
+        (4.5, "4.5, not a whole number"),
+        (True, "true, not a whole number"),
+        (-1, "-1 is out of range"),
+        (2**64, "is out of range"),
+        ([4], "not a whole number"),
+    ],
+)
 def test_a_leaf_index_that_is_not_a_whole_number_in_range_is_refused(value, said):
     log = Log()
     bundle = log.bundle(12)
@@ -265,20 +322,32 @@ def run(tmp_path, capsys, text, *extra, log=None):
     log = log or Log()
     (tmp_path / "keyring.json").write_text(log.keyring.to_json())
     (tmp_path / "input.json").write_text(text)
-    code = verify.main(["bundle", str(tmp_path / "input.json"), "--keyring",
-                        str(tmp_path / "keyring.json"), *extra])
+    code = verify.main(
+        [
+            "bundle",
+            str(tmp_path / "input.json"),
+            "--keyring",
+            str(tmp_path / "keyring.json"),
+            *extra,
+        ]
+    )
     return code, capsys.readouterr()
 
 
-@pytest.mark.parametrize("text, said", [
-    ("", "is empty: expected a proof bundle"),
-    ("  \n", "is empty: expected a proof bundle"),
-    ("<html>502 Bad Gateway</html>", "is not JSON (line 1, column 1): expected a proof bundle"),
-    ('{"format": "kandev-es/proof-bundle/v1", "events": [{"leaf_index": Infinity}]}',
-     "it holds Infinity, which is not a number JSON allows"),
-    ("[1, 2]", "it is not a JSON object"),
-    ("[" * 100_000, "nested too deeply"),
-])
+@pytest.mark.parametrize(
+    "text, said",
+    [
+        ("", "is empty: expected a proof bundle"),
+        ("  \n", "is empty: expected a proof bundle"),
+        ("<html>502 Bad Gateway</html>", "is not JSON (line 1, column 1): expected a proof bundle"),
+        (
+            '{"format": "kandev-es/proof-bundle/v1", "events": [{"leaf_index": Infinity}]}',
+            "it holds Infinity, which is not a number JSON allows",
+        ),
+        ("[1, 2]", "it is not a JSON object"),
+        ("[" * 100_000, "nested too deeply"),
+    ],
+)
 def test_the_verifier_says_in_words_what_a_file_is_instead_of_a_bundle(
     tmp_path, capsys, text, said
 ):
@@ -292,17 +361,28 @@ def test_the_verifier_command_takes_the_auditors_checkpoints(tmp_path, capsys):
     log = Log()
     for size in (5, 10):
         (tmp_path / f"mine-{size}.txt").write_text(log.note(size))
-    held = ["--checkpoint", str(tmp_path / "mine-5.txt"), "--checkpoint",
-            str(tmp_path / "mine-10.txt")]
+    held = [
+        "--checkpoint",
+        str(tmp_path / "mine-5.txt"),
+        "--checkpoint",
+        str(tmp_path / "mine-10.txt"),
+    ]
     code, out = run(tmp_path, capsys, json.dumps(log.bundle(12, (5, 10))), *held, log=log)
     assert code == 0, out.out
     assert out.out.count("the bundle's checkpoint extends it: OK") == 2
-    code, out = run(tmp_path, capsys, json.dumps(forged_completed(log.bundle(8), None)), *held,
-                    log=log)
+    code, out = run(
+        tmp_path, capsys, json.dumps(forged_completed(log.bundle(8), None)), *held, log=log
+    )
     assert code == 1 and "is older than yours" in out.out
     (tmp_path / "empty.txt").write_text("")
-    code, out = run(tmp_path, capsys, json.dumps(log.bundle(12)), "--checkpoint",
-                    str(tmp_path / "empty.txt"), log=log)
+    code, out = run(
+        tmp_path,
+        capsys,
+        json.dumps(log.bundle(12)),
+        "--checkpoint",
+        str(tmp_path / "empty.txt"),
+        log=log,
+    )
     assert code == verify.USAGE_ERROR and "your checkpoint" in out.err and "is empty" in out.err
 
 
@@ -323,8 +403,9 @@ def test_a_bundle_without_the_streams_last_event_fails():
     del bundle["events"][2]
     report = ledger.verify_bundle(bundle, log.keyring, ORIGIN)
     assert not report.ok
-    assert report.problem == ("1 event(s) missing: the checkpoint commits the stream's head as"
-                              " v3, the bundle ends at v2")
+    assert report.problem == (
+        "1 event(s) missing: the checkpoint commits the stream's head as v3, the bundle ends at v2"
+    )
 
 
 @pytest.mark.parametrize("leaf_index", [None, 20])
@@ -343,15 +424,17 @@ def test_a_forged_map_proof_fails():
     bundle = log.bundle(12)
     bundle["heads"]["entries"][0][1] = 2  # the stream's head said to be v2
     report = ledger.verify_bundle(bundle, log.keyring)
-    assert report.problem == ("stream heads: the stream-heads proof does not lead to the"
-                              " checkpoint's map root")
+    assert report.problem == (
+        "stream heads: the stream-heads proof does not lead to the checkpoint's map root"
+    )
     bundle = log.bundle(12)
     bundle["heads"]["entries"] = []  # the stream said not to be in the map
     assert "does not lead" in ledger.verify_bundle(bundle, log.keyring).problem
     bundle = log.bundle(12)
     del bundle["heads"]
     assert ledger.verify_bundle(bundle, log.keyring).problem == (
-        "stream heads: the bundle carries no stream-heads proof")
+        "stream heads: the bundle carries no stream-heads proof"
+    )
 
 
 def test_a_checkpoint_without_a_map_says_completeness_is_not_proven():

@@ -27,7 +27,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kandev_es_client import heads
-from kandev_es_client.merkle import ProofError, leaf_hash, verify_consistency, verify_inclusion
+from kandev_es_client.merkle import (
+    EMPTY_ROOT,
+    ProofError,
+    leaf_hash,
+    verify_consistency,
+    verify_inclusion,
+)
 from kandev_es_client.signed_note import Checkpoint, Keyring, NoteError
 
 CHAIN_TAG = b"kandev-es/event-chain/v1\x00"
@@ -92,8 +98,11 @@ class BundleReport:
 
     @property
     def ok(self) -> bool:
-        return (self.problem is None and all(f.status != "failed" for f in self.findings)
-                and all(passed for _, passed in self.held))
+        return (
+            self.problem is None
+            and all(f.status != "failed" for f in self.findings)
+            and all(passed for _, passed in self.held)
+        )
 
     def lines(self) -> list[str]:
         head = f"stream {self.stream_id}" + (f" ({self.label})" if self.label else "")
@@ -139,7 +148,10 @@ def _hash(value: Any, what: str) -> bytes:
 
 
 def _check_event(
-    stream_id: uuid.UUID, previous: bytes, expected_version: int, item: Mapping[str, Any],
+    stream_id: uuid.UUID,
+    previous: bytes,
+    expected_version: int,
+    item: Mapping[str, Any],
     checkpoint: Checkpoint,
 ) -> tuple[EventFinding, bytes]:
     """One event of a bundle: its link in the chain, then its leaf in the tree.
@@ -155,23 +167,31 @@ def _check_event(
         raise ProofError(f"v{version}'s state is not base64") from None
     claimed = _hash(item["hash"], f"v{version} hash")
     if version != expected_version:
-        return EventFinding(version, name, "failed", f"expected version {expected_version}"
-                            " (an event is missing or out of order)"), claimed
+        return EventFinding(
+            version,
+            name,
+            "failed",
+            f"expected version {expected_version} (an event is missing or out of order)",
+        ), claimed
     recomputed = chain_hash(stream_id, version, previous, topic, state)
     if recomputed != claimed:
-        return EventFinding(version, name, "failed", "its bytes or its place in the stream"
-                            " changed: the chain hash does not match"), claimed
+        return EventFinding(
+            version,
+            name,
+            "failed",
+            "its bytes or its place in the stream changed: the chain hash does not match",
+        ), claimed
     raw = item.get("leaf_index")
     index = None if raw is None else integer(raw, f"v{version}'s leaf index")
     if index is None or index >= checkpoint.size:
         return EventFinding(version, name, "pending", "written after this checkpoint"), claimed
     proof = [_hash(p, f"v{version} proof hash") for p in item.get("inclusion") or []]
     try:
-        verify_inclusion(index, checkpoint.size, leaf_hash(recomputed), proof,
-                         checkpoint.root)
+        verify_inclusion(index, checkpoint.size, leaf_hash(recomputed), proof, checkpoint.root)
     except ProofError as error:
-        return EventFinding(version, name, "failed", f"not in the log at leaf {index}:"
-                            f" {error}"), claimed
+        return EventFinding(
+            version, name, "failed", f"not in the log at leaf {index}: {error}"
+        ), claimed
     return EventFinding(version, name, "verified"), claimed
 
 
@@ -190,8 +210,11 @@ def _check_order(items: Sequence[Any], findings: list[EventFinding]) -> None:
         if index <= last:
             after_pending = " (an earlier event is marked pending)" if last == MAX_INTEGER else ""
             findings[position] = EventFinding(
-                finding.version, finding.event, "failed",
-                f"leaf {index} is not after the stream's earlier events'{after_pending}")
+                finding.version,
+                finding.event,
+                "failed",
+                f"leaf {index} is not after the stream's earlier events'{after_pending}",
+            )
             return
         last = index
 
@@ -206,10 +229,10 @@ def _check_labels(bundle: Mapping[str, Any], stream_id: uuid.UUID) -> str:
     and id — and its first event records the same; the label for the report."""
     workspace = bundle.get("workspace_id")
     external, task = bundle.get("external_id"), bundle.get("task_id")
-    if not isinstance(workspace, str) or not isinstance(task if "task_id" in bundle
-                                                         else external, str):
-        raise NoteError("the bundle does not say which workspace and external ID or task"
-                        " it is for")
+    if not isinstance(workspace, str) or not isinstance(
+        task if "task_id" in bundle else external, str
+    ):
+        raise NoteError("the bundle does not say which workspace and external ID or task it is for")
     workspace_id = _label_uuid(workspace, "workspace")
     if isinstance(task, str):
         label = f"workspace {workspace_id}, task {task}"
@@ -218,8 +241,7 @@ def _check_labels(bundle: Mapping[str, Any], stream_id: uuid.UUID) -> str:
         label = f"workspace {workspace_id}, external ID {external!r}"
         named = identity_stream(str(workspace_id), str(external))
     if named != stream_id:
-        raise NoteError(f"the bundle is labelled {label}, whose stream is {named},"
-                        f" not {stream_id}")
+        raise NoteError(f"the bundle is labelled {label}, whose stream is {named}, not {stream_id}")
     events = bundle.get("events") or []
     first = events[0] if isinstance(events, list) and events else None
     if isinstance(first, Mapping) and first.get("version") == 1:
@@ -248,12 +270,15 @@ def _check_first(
         raise NoteError(f"v1 is not {kind} event") from None
     if (recorded, recorded_external) != (workspace_id, external):
         also = f", external ID {recorded_external!r}" if external is not None else ""
-        raise NoteError(f"the bundle is labelled {label}, but its v1 records workspace"
-                        f" {recorded}{also}")
+        raise NoteError(
+            f"the bundle is labelled {label}, but its v1 records workspace {recorded}{also}"
+        )
 
 
 def verify_bundle(
-    bundle: Mapping[str, Any], keyring: Keyring, origin: str | None = None,
+    bundle: Mapping[str, Any],
+    keyring: Keyring,
+    origin: str | None = None,
     held: Sequence[Checkpoint] = (),
 ) -> BundleReport:
     """Checks a proof bundle with only the keyring: the checkpoint's
@@ -296,8 +321,11 @@ def verify_bundle(
 
 
 def _check_complete(
-    bundle: Mapping[str, Any], stream_id: uuid.UUID, checkpoint: Checkpoint,
-    claimed: list[bytes], report: BundleReport,
+    bundle: Mapping[str, Any],
+    stream_id: uuid.UUID,
+    checkpoint: Checkpoint,
+    claimed: list[bytes],
+    report: BundleReport,
 ) -> None:
     """The checkpoint's map of stream heads says which version was the
     stream's last at its size: every event up to it must be here and proven
@@ -306,8 +334,10 @@ def _check_complete(
     try:
         root = heads.extension_root(checkpoint.extensions)
         if root is None:
-            report.completeness = ("completeness not proven: the checkpoint commits no map of"
-                                   " stream heads (signed before kandev-es made one)")
+            report.completeness = (
+                "completeness not proven: the checkpoint commits no map of"
+                " stream heads (signed before kandev-es made one)"
+            )
             return
         head = heads.verify_head(stream_id, bundle.get("heads"), root)
     except ProofError as error:
@@ -326,11 +356,15 @@ def _check_complete(
         if why and finding.status != "failed":
             findings[position] = EventFinding(finding.version, finding.event, "failed", why)
     if len(findings) < top:
-        report.problem = (f"{top - len(findings)} event(s) missing: the checkpoint commits the"
-                          f" stream's head as v{top}, the bundle ends at v{len(findings)}")
+        report.problem = (
+            f"{top - len(findings)} event(s) missing: the checkpoint commits the"
+            f" stream's head as v{top}, the bundle ends at v{len(findings)}"
+        )
         return
-    report.completeness = (f"complete: the checkpoint commits the stream's head as v{top};"
-                           " every event up to it is here")
+    report.completeness = (
+        f"complete: the checkpoint commits the stream's head as v{top};"
+        " every event up to it is here"
+    )
 
 
 def _against_held(
@@ -340,12 +374,19 @@ def _against_held(
     bundle carries), so every event the auditor's covers is proven against it."""
     yours = f"your checkpoint of size {mine.size}"
     if mine.origin != theirs.origin:
-        return (f"{yours}: FAILED: it is of log {mine.origin!r}, the bundle of"
-                f" {theirs.origin!r}"), False
+        return (
+            f"{yours}: FAILED: it is of log {mine.origin!r}, the bundle of {theirs.origin!r}"
+        ), False
     if mine.size > theirs.size:
-        return (f"{yours}: FAILED: the bundle's checkpoint (size {theirs.size}) is older than"
-                " yours, so the events yours covers are not all proven: ask for a newer"
-                " bundle (a log that shows a smaller tree than one it signed has forked)"), False
+        return (
+            f"{yours}: FAILED: the bundle's checkpoint (size {theirs.size}) is older than"
+            " yours, so the events yours covers are not all proven: ask for a newer"
+            " bundle (a log that shows a smaller tree than one it signed has forked)"
+        ), False
+    if mine.size == 0:  # every tree extends the empty one: no proof to ask for
+        if mine.root != EMPTY_ROOT:
+            return f"{yours}: FAILED: its root is not the empty tree's", False
+        return f"{yours}: the bundle's checkpoint extends it (the empty tree): OK", True
     try:
         proof = _consistency_from(bundle, mine.size) if mine.size < theirs.size else []
         if mine.size == theirs.size and mine.root != theirs.root:
@@ -361,8 +402,10 @@ def _consistency_from(bundle: Mapping[str, Any], size: int) -> list[bytes]:
     for entry in bundle.get("consistency") or []:
         if isinstance(entry, Mapping) and entry.get("from_size") == size:
             return [_hash(p, "consistency proof hash") for p in entry.get("proof") or []]
-    raise ProofError(f"the bundle carries no consistency proof from size {size}: ask for one"
-                     f" (kandev-es identity history --proof --consistency-from {size})")
+    raise ProofError(
+        f"the bundle carries no consistency proof from size {size}: ask for one"
+        f" (kandev-es identity history --proof --consistency-from {size})"
+    )
 
 
 def verify_consistency_bundle(
