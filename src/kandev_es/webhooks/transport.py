@@ -143,7 +143,7 @@ def retry_after(value: str | None, now: float) -> float | None:
     if not value:
         return None
     value = value.strip()
-    if value.isdigit():
+    if value.isascii() and value.isdigit():  # "²" is a digit to str.isdigit, not to float
         return float(value)
     try:
         return max(0.0, parsedate_to_datetime(value).timestamp() - now)
