@@ -7,10 +7,12 @@ its own state file, and answers every other case with the spec's status."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import socket
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -205,3 +207,50 @@ def test_the_log_keeps_no_witness_answer_but_one_cosignature_line_of_its_own_nam
         server.shutdown()
         server.server_close()
         thread.join(5)
+
+
+def test_a_witness_answering_for_ever_is_cut_off_within_its_time(tmp_path):
+    """A witness that answers 200 and then sends bytes for ever, each well
+    within the read timeout, is given up on within about TIMEOUT_SECONDS and
+    its answer kept to MAX_ANSWER bytes: it held the sequencer (so all
+    signing) and its memory for as long as it kept sending."""
+    log = Log()
+    note = log.note(5)
+    stop = threading.Event()
+
+    class Endless(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            with contextlib.suppress(OSError):
+                while not stop.is_set():
+                    self.wfile.write(b"40\r\n" + b"x" * 64 + b"\r\n")
+                    self.wfile.flush()
+                    time.sleep(0.05)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Endless)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    asked = ledger_witness.Witnesses([f"http://127.0.0.1:{server.server_port}"])
+    answered: list[str] = []
+    caller = threading.Thread(
+        target=lambda: answered.append(asked.cosign(note, 5, lambda o: [])), daemon=True
+    )
+    try:
+        started = time.monotonic()
+        caller.start()
+        caller.join(ledger_witness.TIMEOUT_SECONDS + 4)
+        assert not caller.is_alive(), "still reading the witness's endless answer"
+        assert answered == [note]
+        assert time.monotonic() - started < ledger_witness.TIMEOUT_SECONDS + 3
+    finally:
+        stop.set()
+        server.shutdown()
+        server.server_close()

@@ -62,15 +62,10 @@ class Witnesses:
         old = self._last.get(url, 0)
         for _ in range(2):  # the second time with the size a 409 named
             proof = prove(old) if 0 < old < size else []
-            answer = httpx.post(
-                f"{url}/add-checkpoint",
-                timeout=TIMEOUT_SECONDS,
-                content=add_checkpoint_body(old, proof, note).encode(),
+            status, content_type, text = _post(
+                f"{url}/add-checkpoint", add_checkpoint_body(old, proof, note).encode()
             )
-            text = answer.text[:MAX_ANSWER]
-            if answer.status_code == 409 and answer.headers.get("content-type", "").startswith(
-                SIZE_TYPE
-            ):
+            if status == 409 and content_type.startswith(SIZE_TYPE):
                 seen = int(text.strip())
                 if seen > size:
                     raise WitnessRefused(
@@ -81,8 +76,8 @@ class Witnesses:
                     raise WitnessRefused(f"it cosigned another root at size {seen}: a fork")
                 old = seen
                 continue
-            if answer.status_code != 200:
-                raise WitnessRefused(f"HTTP {answer.status_code}: {text.strip()[:200]}")
+            if status != 200:
+                raise WitnessRefused(f"HTTP {status}: {text.strip()[:200]}")
             self._check_line(note, text)
             self._last[url] = size
             return text
@@ -101,3 +96,24 @@ class Witnesses:
             raise WitnessRefused(
                 f"its answer is a signature named {after[-1].name!r}, as the log's own key"
             )
+
+
+def _post(url: str, body: bytes) -> tuple[int, str, str]:
+    """A witness's status, content type and answer, read as it comes: at most
+    MAX_ANSWER bytes within about TIMEOUT_SECONDS in all, uncompressed. (A
+    whole read of its answer let a witness sending bytes for ever, each within
+    the read timeout, hold the sequencer, and so all signing, and its memory.)"""
+    deadline = time.monotonic() + TIMEOUT_SECONDS
+    headers = {"accept-encoding": "identity"}
+    with httpx.stream(
+        "POST", url, content=body, headers=headers, timeout=TIMEOUT_SECONDS
+    ) as answer:
+        raw = b""
+        for chunk in answer.iter_raw():
+            raw += chunk
+            if len(raw) > MAX_ANSWER or time.monotonic() > deadline:
+                raise WitnessRefused(
+                    f"its answer took over {TIMEOUT_SECONDS:g} s or {MAX_ANSWER} bytes"
+                )
+        content_type = answer.headers.get("content-type", "")
+        return answer.status_code, content_type, raw.decode("utf-8", "replace")
