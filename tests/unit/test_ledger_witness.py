@@ -254,3 +254,29 @@ def test_a_witness_answering_for_ever_is_cut_off_within_its_time(tmp_path):
         stop.set()
         server.shutdown()
         server.server_close()
+
+
+@pytest.mark.parametrize(
+    "sent", [b"", b"POST /add-checkpoint HTTP/1.1\r\nContent-Length: 10\r\n\r\nold"]
+)
+def test_a_connection_that_sends_nothing_more_is_closed_within_the_request_time(
+    tmp_path, monkeypatch, sent
+):
+    """Each connection is a thread of the witness: one left open with nothing
+    sent, or with a body that never comes, is closed after REQUEST_SECONDS
+    (it held its thread for ever, so many of them exhausted the witness)."""
+    monkeypatch.setattr(witness, "REQUEST_SECONDS", 0.5)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), witness._handler(make_witness(tmp_path, Log())))
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        with socket.create_connection(("127.0.0.1", server.server_port), timeout=5) as conn:
+            conn.sendall(sent)
+            started = time.monotonic()
+            assert conn.recv(4096) == b""  # closed by the witness, no answer
+            assert time.monotonic() - started < 3
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)

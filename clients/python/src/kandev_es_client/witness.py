@@ -60,6 +60,10 @@ from kandev_es_client.signed_note import (
 COSIGNATURE_ALGORITHM = 0x04
 MAX_PROOF_LINES = 63
 MAX_BODY = 64 * 1024
+# A connection's every read waits at most this long (a request's head and
+# body): each connection is a thread, so one left open sending nothing held
+# its thread for ever.
+REQUEST_SECONDS = 10.0
 SIZE_TYPE = "text/x.tlog.size"
 _BASE64 = re.compile(r"^[A-Za-z0-9+/]*={0,2}$")
 _NAME = re.compile(r"^[^\s+]+$")
@@ -349,6 +353,7 @@ class Witness:
 def _handler(witness: Witness) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         server_version = "kandev-es-witness"
+        timeout = REQUEST_SECONDS
 
         def do_POST(self) -> None:
             if self.path.rstrip("/") != "/add-checkpoint":
@@ -357,7 +362,12 @@ def _handler(witness: Witness) -> type[BaseHTTPRequestHandler]:
             if not (length.isascii() and length.isdigit()) or int(length) > MAX_BODY:
                 return self._answer(400, f"a body of at most {MAX_BODY} bytes\n")
             try:
-                body = self.rfile.read(int(length)).decode("utf-8")
+                raw = self.rfile.read(int(length))
+            except TimeoutError:
+                self.close_connection = True
+                return None
+            try:
+                body = raw.decode("utf-8")
                 return self._answer(200, witness.add_checkpoint(body))
             except UnicodeDecodeError:
                 return self._answer(400, "the body is not UTF-8\n")
