@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -318,7 +319,7 @@ def test_a_release_while_a_renewed_step_runs_neither_stops_the_step_nor_is_lost(
     assert branches(repo) == ["kandev/KAN-1", "main"] and len(worktrees(repo)) == 1
 
 
-def test_renewals_are_fenced_by_the_stream_version_and_the_epoch(services, workspace):
+def test_renewals_are_fenced_by_the_stream_version_and_the_epoch(services, workspace, caplog):
     """Lease.renew on the real store: through the owner's own Identity while
     nobody else writes; after an operator's release (same epoch) on a fresh
     read, marking the owner's copy stale (it must be read again, not saved:
@@ -346,9 +347,11 @@ def test_renewals_are_fenced_by_the_stream_version_and_the_epoch(services, works
     taker = services.app.load(key, Identity)
     taker.recover(1, "runtime:other", datetime.now(UTC) + timedelta(seconds=30))
     services.app.save_atomically(taker)
-    with pytest.raises(LeaseLost):
+    with caplog.at_level(logging.WARNING, logger="kandev_es"), pytest.raises(LeaseLost):
         lease.renew()
     assert lease.lost.is_set()
+    lost_lines = [r for r in caplog.records if "lost its lease" in r.getMessage()]
+    assert len(lost_lines) == 1  # logged once, as the metric counts it once
     assert kinds(events(services, workspace, "HB-6"))[-1] == "RecoveryClaimed"
     after, counter = scrape_now(), "kandev_creation_lease_renewals_total"
     assert [total(after, counter, result=r) - total(before, counter, result=r)

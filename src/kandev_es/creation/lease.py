@@ -107,8 +107,7 @@ class Lease:
                 identity = self._current()
                 tenure = identity.tenures.get(self.number)
                 if tenure is None or tenure.epoch != self.epoch or not tenure.in_flight:
-                    self.lost.set()
-                    metrics.record_lease_renewal("lost")
+                    self._lose()  # counted and logged once
                     raise LeaseLost(f"tenure {self.number} is no longer held at {self.epoch}")
                 started = time.monotonic()
                 identity.renew_lease(

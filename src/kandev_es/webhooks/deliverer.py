@@ -150,12 +150,13 @@ class Deliverer:
     def _start_threads(self) -> None:
         try:
             active = self.store.all(ACTIVE)
+            now = time.time()
+            if any(s.old_secret and (s.old_secret_until or 0) < now for s in active):
+                self.store.drop_expired_secrets(now)
         except Exception as error:  # the store away: the next scan tries again
+            # (an escaped error here would end run_forever: no more deliveries)
             log.warning("webhooks: cannot list subscriptions (%s)", error)
             return
-        now = time.time()
-        if any(s.old_secret and (s.old_secret_until or 0) < now for s in active):
-            self.store.drop_expired_secrets(now)
         for s in active:
             thread = self._threads.get(s.id)
             if thread is None or not thread.is_alive():
