@@ -63,7 +63,8 @@ def run_page(env: dict[str, str], workdir: Path) -> tuple[int, subprocess.Popen[
             continue
         if block.language not in ("sh", "python") or block.marker.startswith(SKIPPED):
             continue
-        stdout = run_shown(found, index, env, workdir, f"docs/first-integration.md:{block.line}")
+        where = f"docs/first-integration.md:{block.line}"
+        stdout = run_shown(found, index, env, workdir, where, setup="")
         learn(block.text, stdout.strip(), env)
         ran += 1
     return ran, bridge

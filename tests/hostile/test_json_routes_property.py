@@ -126,6 +126,10 @@ def valid_value(name: str, spec: dict[str, Any], ids: dict[str, str]) -> Any:
         kind = next((k for k in kind if k != "null"), None)
     if name in ("workspace_id", "task_id"):
         return ids[name]
+    if name == "url":
+        return ids["url"]  # a webhook's: loopback, allowed for this server only
+    if name == "event_types":
+        return ["task.created"]
     if name == "start_agent":
         return False  # MCP's default is true: no agent unless a hostile value says so
     if spec.get("format") == "uuid" or name == "external_id":
@@ -159,10 +163,13 @@ def valid_body(schema: dict[str, Any], ids: dict[str, str]) -> dict[str, Any]:
 @st.composite
 def requests(draw: st.DrawFn, ids: dict[str, str]) -> tuple[str, str, bytes]:
     method, template, schema = draw(st.sampled_from(OPERATIONS))
-    path = template.replace("{workspace_id}", ids["workspace_id"]).replace(
-        "{task_id}", ids["task_id"]
-    )
-    return method, path, dumps(draw(hostile_body(schema, ids)))
+    return method, filled(template, ids), dumps(draw(hostile_body(schema, ids)))
+
+
+def filled(template: str, ids: dict[str, str]) -> str:
+    for name in ("workspace_id", "task_id", "webhook_id"):
+        template = template.replace("{" + name + "}", ids[name])
+    return template
 
 
 @st.composite
@@ -187,7 +194,10 @@ def hostile_body(draw: st.DrawFn, schema: dict[str, Any], ids: dict[str, str]) -
 
 @pytest.fixture
 def server(settings: Any, tmp_path: Path) -> Iterator[ServedProcess]:
-    served = ServedProcess(settings, tmp_path, KANDEV_DEMO_AGENT_SECONDS="1")
+    # webhooks to the discard port on loopback only: refused connections, no traffic out
+    served = ServedProcess(settings, tmp_path, KANDEV_DEMO_AGENT_SECONDS="1",
+                           KANDEV_WEBHOOK_ALLOW_HTTP="true",
+                           KANDEV_WEBHOOK_ALLOW_NETWORKS="127.0.0.0/8")
     yield served
     served.stop()
 
@@ -213,12 +223,16 @@ def test_hostile_bodies_on_every_json_route_get_a_4xx_never_a_5xx(
                 {"workspace_id": server.workspace_id, "title": "target"})
     assert made.status == 200, made.body
     ids = {"workspace_id": server.workspace_id, "task_id": made.body["id"],
-           "path": str(settings.repository_roots[0] / "not-a-repository")}
+           "path": str(settings.repository_roots[0] / "not-a-repository"),
+           "url": "http://127.0.0.1:9/hook"}
+    hook = http("POST", f"{server.base}/api/v1/workspaces/{server.workspace_id}/webhooks",
+                server.token, {"url": ids["url"], "event_types": ["task.created"]})
+    assert hook.status == 201, hook.body
+    ids["webhook_id"] = hook.body["id"]
     # The valid-shaped bodies themselves are valid: a hostile field is what the
     # answers below are about, not a base body refused before validation.
     for method, template, schema in OPERATIONS:
-        path = template.replace("{workspace_id}", ids["workspace_id"]).replace(
-            "{task_id}", ids["task_id"])
+        path = filled(template, ids)
         reply = http(method, server.base + path, server.token,
                      raw=dumps(valid_body(schema, ids)), headers=JSON)
         expected = 404 if "/office/" in path or "/agentctl/" in path else 200  # no run token

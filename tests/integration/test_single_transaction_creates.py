@@ -94,7 +94,7 @@ def test_a_deletion_between_lookup_and_claim_leaves_no_task(services, member, mo
     assert app.max_notification_id() > before  # the deletion's own events, nothing of the create
     assert app.load(identity_id(principal.workspace_id, "RACE-1"), Identity) is None
     services.projections.catch_up()
-    items, _ = services.tasks.list(principal.workspace_id)
+    items = services.tasks.list(principal.workspace_id).items
     assert [item for item in items if item["external_id"] == "RACE-1"] == []
 
 

@@ -26,7 +26,7 @@ def test_creates_and_founds_work_again_after_a_database_restart(tmp_path):
         fresh = services.creation.create(principal, {"external_id": "R-2", "title": "t"})
         assert fresh.outcome.value == "created"
         services.projections.catch_up()
-        items, _ = services.tasks.list(workspace.id)
+        items = services.tasks.list(workspace.id).items
         assert [t["id"] for t in items] == [before.task["id"], fresh.task["id"]]
     finally:
         if services is not None:
