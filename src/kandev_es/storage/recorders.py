@@ -419,7 +419,9 @@ class KandevPostgresRecorder(PostgresApplicationRecorder):
                 rows = _tuples(conn).execute(self._insert_sql, params, prepare=True).fetchall()
             except psycopg.Error as error:
                 # Autocommit: the statement's transaction is rolled back whole.
-                if APPLY_VIEWS in (error.diag.context or ""):
+                # A node lost or gone read-only inside the views' function (a
+                # failover) is an outage like any other, not a refusing view.
+                if APPLY_VIEWS in (error.diag.context or "") and not means_node_lost(error):
                     raise ViewsFailed(f"a read model refused the save: {error}") from None
                 raise
         if not rows:
