@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kandev_es_client.merkle import ProofError, node_hash
+from kandev_es_client.merkle import ProofError, decode_hash, node_hash
 
 DEPTH = 16
 BUCKET_PREFIX = b"\x02"
@@ -149,16 +149,6 @@ def proof_document(entries: Sequence[Head], path: Sequence[bytes]) -> dict[str, 
     }
 
 
-def _decode(value: Any, what: str) -> bytes:
-    try:
-        decoded = base64.b64decode(str(value), validate=True)
-    except binascii.Error:
-        raise ProofError(f"{what} is not base64") from None
-    if len(decoded) != 32:
-        raise ProofError(f"{what} is not 32 bytes")
-    return decoded
-
-
 def _entries(raw: Any, bucket: int) -> list[Head]:
     if not isinstance(raw, list) or len(raw) > MAX_BUCKET_ENTRIES:
         raise ProofError("the stream-heads proof's entries are not a list")
@@ -177,7 +167,7 @@ def _entries(raw: Any, bucket: int) -> list[Head]:
             raise ProofError(f"stream {stream}'s head version is not a whole number from 1")
         if bucket_of(stream) != bucket:
             raise ProofError(f"stream {stream} is not in the bucket the proof is for")
-        entries.append(Head(stream, version, _decode(item[2], f"stream {stream}'s head hash")))
+        entries.append(Head(stream, version, decode_hash(item[2], f"stream {stream}'s head hash")))
     if [e.stream.bytes for e in entries] != sorted({e.stream.bytes for e in entries}):
         raise ProofError("the stream-heads entries are not sorted by stream id, once each")
     return entries
@@ -196,7 +186,7 @@ def verify_head(stream: uuid.UUID, proof: Any, root: bytes) -> Head | None:
         raise ProofError(f"the stream-heads proof's path is not {DEPTH} hashes")
     value = bucket_hash(entries)
     for level, raw in enumerate(path):
-        sibling = _decode(raw, "a stream-heads path hash")
+        sibling = decode_hash(raw, "a stream-heads path hash")
         value = node_hash(sibling, value) if bucket >> level & 1 else node_hash(value, sibling)
     if value != root:
         raise ProofError("the stream-heads proof does not lead to the checkpoint's map root")

@@ -30,6 +30,7 @@ from kandev_es_client import heads
 from kandev_es_client.merkle import (
     EMPTY_ROOT,
     ProofError,
+    decode_hash,
     leaf_hash,
     verify_consistency,
     verify_inclusion,
@@ -137,16 +138,6 @@ def integer(value: Any, what: str, minimum: int = 0) -> int:
     return value
 
 
-def _hash(value: Any, what: str) -> bytes:
-    try:
-        decoded = base64.b64decode(str(value), validate=True)
-    except binascii.Error:
-        raise ProofError(f"{what} is not base64") from None
-    if len(decoded) != 32:
-        raise ProofError(f"{what} is not 32 bytes")
-    return decoded
-
-
 def _check_event(
     stream_id: uuid.UUID,
     previous: bytes,
@@ -165,7 +156,7 @@ def _check_event(
         state = base64.b64decode(str(item["state"]), validate=True)
     except binascii.Error:
         raise ProofError(f"v{version}'s state is not base64") from None
-    claimed = _hash(item["hash"], f"v{version} hash")
+    claimed = decode_hash(item["hash"], f"v{version} hash")
     if version != expected_version:
         return EventFinding(
             version,
@@ -185,7 +176,7 @@ def _check_event(
     index = None if raw is None else integer(raw, f"v{version}'s leaf index")
     if index is None or index >= checkpoint.size:
         return EventFinding(version, name, "pending", "written after this checkpoint"), claimed
-    proof = [_hash(p, f"v{version} proof hash") for p in item.get("inclusion") or []]
+    proof = [decode_hash(p, f"v{version} proof hash") for p in item.get("inclusion") or []]
     try:
         verify_inclusion(index, checkpoint.size, leaf_hash(recomputed), proof, checkpoint.root)
     except ProofError as error:
@@ -401,7 +392,7 @@ def _against_held(
 def _consistency_from(bundle: Mapping[str, Any], size: int) -> list[bytes]:
     for entry in bundle.get("consistency") or []:
         if isinstance(entry, Mapping) and entry.get("from_size") == size:
-            return [_hash(p, "consistency proof hash") for p in entry.get("proof") or []]
+            return [decode_hash(p, "consistency proof hash") for p in entry.get("proof") or []]
     raise ProofError(
         f"the bundle carries no consistency proof from size {size}: ask for one"
         f" (kandev-es identity history --proof --consistency-from {size})"
@@ -423,6 +414,6 @@ def verify_consistency_bundle(
     new = keyring.open_checkpoint(bundle["new"], origin)
     if old.origin != new.origin:
         raise NoteError("the two checkpoints are of different logs")
-    proof = [_hash(p, "proof hash") for p in bundle.get("proof") or []]
+    proof = [decode_hash(p, "proof hash") for p in bundle.get("proof") or []]
     verify_consistency(old.size, new.size, old.root, new.root, proof)
     return old, new

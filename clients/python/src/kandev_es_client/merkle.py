@@ -11,8 +11,11 @@ transparency-dev/merkle test vectors (tests/fixtures/merkle/).
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 from collections.abc import Callable, Sequence
+from typing import Any
 
 HASH_SIZE = 32
 LEAF_PREFIX = b"\x00"
@@ -25,6 +28,17 @@ NodeSource = Callable[[int, int], bytes]
 
 class ProofError(ValueError):
     """A proof that does not prove what it claims (or a malformed request)."""
+
+
+def decode_hash(value: Any, what: str) -> bytes:
+    """A proof's base64 SHA-256 hash; ProofError naming ``what`` otherwise."""
+    try:
+        decoded = base64.b64decode(str(value), validate=True)
+    except binascii.Error:
+        raise ProofError(f"{what} is not base64") from None
+    if len(decoded) != 32:
+        raise ProofError(f"{what} is not 32 bytes")
+    return decoded
 
 
 def leaf_hash(data: bytes) -> bytes:
