@@ -42,3 +42,14 @@ def redact(text: str) -> str:
     if not may_hold_secret(text):
         return text
     return _SECRETS.sub(_blank, text)
+
+
+# An absolute path of two or more parts, kept to its last part: the data
+# directory's layout is none of an anonymous caller's business.
+_PATHS = re.compile(r"(?<![\w.:/])/(?:[^\s/\"'`]+/)+(?=[^\s/\"'`])")
+
+
+def public_text(text: str) -> str:
+    """``text`` fit for an answer anyone may read (/readyz needs no token):
+    secrets redacted and each absolute path reduced to its file's name."""
+    return _PATHS.sub("", redact(text))

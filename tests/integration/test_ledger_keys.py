@@ -85,6 +85,9 @@ def test_a_lost_key_stops_signing_until_an_operator_rotates_it(
     assert not files.key.exists()
     ready = services_client(services).get("/readyz")
     assert ready.json["status"] == "degraded" and "is missing" in ready.json["ledger_refused"]
+    # /readyz needs no token: it names the file, not where the data directory is.
+    assert f"{files.key.name} is missing" in ready.json["ledger_refused"]
+    assert str(files.key.parent) not in ready.json["ledger_refused"]
 
     rotated = cli("audit", "rotate-key")
     assert rotated.exit_code == 0, rotated.output

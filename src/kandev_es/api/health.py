@@ -12,6 +12,7 @@ from marshmallow import Schema, fields, validate
 from kandev_es import __version__, metrics
 from kandev_es.api.context import services
 from kandev_es.api.errors import document_errors
+from kandev_es.redaction import public_text
 from kandev_es.storage.durability import durability
 from kandev_es.webhooks import observed
 
@@ -115,10 +116,10 @@ class Readyz(MethodView):
                 report["durability"] = found.as_dict()
             refused = svc.ledger.health()
             if refused is not None:
-                report["ledger_refused"] = refused
+                report["ledger_refused"] = public_text(refused)
             store_ok = True
         except Exception as error:  # any storage failure makes us unready
-            report["store_error"] = str(error)
+            report["store_error"] = public_text(str(error))
             store_ok = False
         stopped = dict(svc.projections.stopped)
         if stopped:
