@@ -47,6 +47,21 @@ def runs_as(pid: int, run_id: str) -> bool:
     return RUN_ID_VARIABLE + run_id.encode() in environ.split(b"\x00") and _alive(pid)
 
 
+def await_exec(pid: int, run_id: str, seconds: float = 5.0) -> bool:
+    """Wait until a process just started for run ``run_id`` shows it in /proc.
+    Popen returns once the child's close-on-exec descriptors are closed, which
+    the kernel does before it sets up the new program's environment: for a
+    moment /proc/<pid>/environ is empty, and the new agent reads as no run's
+    (its census, a compensation's stop_run and a reconcile would miss it).
+    False if it exits first or ``seconds`` pass."""
+    deadline = time.monotonic() + seconds
+    while not runs_as(pid, run_id):
+        if not _alive(pid) or time.monotonic() >= deadline:
+            return False
+        time.sleep(0.001)
+    return True
+
+
 def processes_for_run(run_id: str) -> list[int]:
     """Live pids whose environment carries KANDEV_RUN_ID=<run_id>."""
     wanted = run_id.encode()

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from kandev_es.agent.census import running_launches
-from kandev_es.agent.processes import processes_for_run, stop_run
+from kandev_es.agent.processes import await_exec, processes_for_run, stop_run
 from kandev_es.application import Tasks
 from kandev_es.config import Settings, agent_environment, data_path
 from kandev_es.creation.steps.base import RunCredentials, StepContext, StepFailed
@@ -168,6 +168,9 @@ class AgentLaunchStep:
             ctx.credentials.revoke_run(run_id, "launch_failed")
             failed = AgentLaunchFailed("the agent command failed to start")
             raise StepFailed(failed, detail=str(error)) from None
+        # Its evidence names a process that /proc shows as the run's (so the
+        # census counts it and a compensation finds it) once its exec is done.
+        await_exec(process.pid, run_id)
         # Reap it when it exits, so a finished agent never lingers as a zombie,
         # and end its run credential with it.
         reaper_args = (process, ctx.app, ctx.credentials, run_id)
