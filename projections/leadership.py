@@ -151,9 +151,17 @@ class FileLeadership:
             file.close()  # closing the last descriptor releases the lock
 
 
-def make_leadership(database: Database) -> Leadership:
+def make_leadership(
+    database: Database, role: str = "projection", lock_class: int = LOCK_CLASS
+) -> Leadership:
+    """The lead of one kind of background work (``role``) over ``database``:
+    the projection loop's, or another leader's with a lock of its own
+    (``lock_class`` on PostgreSQL, a ``.ROLE-leader`` file beside SQLite's)."""
     if isinstance(database, PostgresDatabase):
-        return PostgresLeadership(database.conninfo, database.schema)
+        held = PostgresLeadership(database.conninfo, database.schema)
+        held._key = advisory_key(lock_class, database.schema)
+        return held
     if isinstance(database, SQLiteDatabase):
-        return FileLeadership(lock_path(database.path))
-    raise TypeError(f"no projection leadership for {type(database).__name__}")
+        path = lock_path(database.path)
+        return FileLeadership(path.with_name(path.name.replace("projection", role)))
+    raise TypeError(f"no {role} leadership for {type(database).__name__}")

@@ -36,6 +36,26 @@ def test_the_quick_test_before_the_expression_skips_no_line_it_would_change() ->
         "Bearer KES_abc", "x kal_abc", "postgresql://user:pw@host/db", "PASSWORD=pw&x",
         "postgresql://host/db?Password=pw", "GET /api/v1/tasks HTTP/1.1 200",
         "kal", "link", "://nohost", "secret_kes", "external_id=skalpel_1",
+        "whsec_ab+/=", "WHSK_x", "Authorization: Bearer abc", "bearer xyz", "access_token=t",
+        '{"Secret": "s"}', "passwd: p", "API-KEY=k", "apikey=k", "signature: v1,x",
+        "db_password=x", "tokens", "signed",
     ]
     for line in lines:
         assert redaction.redact(line) == redaction._SECRETS.sub(redaction._blank, line), line
+
+
+def test_what_a_webhook_receiver_echoes_is_blanked_by_the_same_rules() -> None:
+    """The delivery log's snippet (webhooks/transport.py) goes through this
+    one redaction: webhook secrets by prefix, bearer credentials, and the
+    values of secret-like fields however they are quoted."""
+    from kandev_es.webhooks.transport import _snippet
+
+    echoed = (
+        b'{"secret": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "ok": 1}\n'
+        b"Authorization: Bearer opaque-123; api_key=k9 token: t0k kes_abc"
+    )
+    shown = _snippet(echoed)
+    for leaked in ("MfKQ9r8", "opaque-123", "k9", "t0k", "abc"):
+        assert leaked not in shown, shown
+    assert '"ok": 1' in shown and "\n" not in shown
+    assert redact("Bearer kes_abc-DEF_123") == "Bearer kes_[redacted]"

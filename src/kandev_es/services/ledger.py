@@ -45,18 +45,12 @@ from kandev_es.errors import (
     TaskNotFound,
 )
 from kandev_es.observability import tracing
-from kandev_es.projections.leadership import (
-    FileLeadership,
-    Leadership,
-    PostgresLeadership,
-    lock_key,
-    lock_path,
-)
+from kandev_es.projections.leadership import make_leadership
 from kandev_es.services import ledger_heads
 from kandev_es.services import ledger_keys as keys
 from kandev_es.services.ledger_witness import Witnesses
 from kandev_es.storage import ledger as store
-from kandev_es.storage.database import Database, PostgresDatabase, SQLiteDatabase
+from kandev_es.storage.database import Database
 
 log = logging.getLogger("kandev_es.ledger")
 BATCH = 2000
@@ -89,17 +83,6 @@ def load_signer(settings: Settings) -> Signer:
 
 def keyring_of(signer: Signer) -> Keyring:
     return Keyring([KeyringEntry(signer.verifier)])
-
-
-def _leadership(database: Database) -> Leadership:
-    if isinstance(database, PostgresDatabase):
-        leadership = PostgresLeadership(database.conninfo, database.schema)
-        leadership._key = (LOCK_CLASS, lock_key(database.schema)[1])
-        return leadership
-    if isinstance(database, SQLiteDatabase):
-        path = lock_path(database.path)
-        return FileLeadership(path.with_name(path.name.replace("projection", "ledger")))
-    raise TypeError(f"no sequencer leadership for {type(database).__name__}")
 
 
 class Sequencer:
@@ -320,7 +303,7 @@ class Sequencer:
         return note
 
     def run_forever(self) -> None:
-        leadership = _leadership(self.database)
+        leadership = make_leadership(self.database, "ledger", LOCK_CLASS)
         try:
             while not self._stop.is_set():
                 if not leadership.hold():

@@ -32,15 +32,8 @@ from typing import Any
 
 from kandev_es import metrics
 from kandev_es.observability import serving, tracing
-from kandev_es.projections.leadership import (
-    FileLeadership,
-    Leadership,
-    PostgresLeadership,
-    lock_key,
-    lock_path,
-)
+from kandev_es.projections.leadership import Leadership, make_leadership
 from kandev_es.services.feeds import FeedItem
-from kandev_es.storage.database import Database, PostgresDatabase, SQLiteDatabase
 from kandev_es.webhooks.addresses import NetworkPolicy
 from kandev_es.webhooks.feed import FeedReader
 from kandev_es.webhooks.progress import FLUSH_SECONDS, MAX_UNWRITTEN, Progress
@@ -58,17 +51,6 @@ REREAD_SECONDS = 1.0
 RETRY_AFTER_CAP = 3600.0
 DELIVERED, FAILED, NO_ANSWER, GONE = "delivered", "failed", "no_answer", "gone"
 RESULTS = (DELIVERED, FAILED, NO_ANSWER, GONE)
-
-
-def leadership(database: Database) -> Leadership:
-    if isinstance(database, PostgresDatabase):
-        held = PostgresLeadership(database.conninfo, database.schema)
-        held._key = (LOCK_CLASS, lock_key(database.schema)[1])
-        return held
-    if isinstance(database, SQLiteDatabase):
-        path = lock_path(database.path)
-        return FileLeadership(path.with_name(path.name.replace("projection", "webhook")))
-    raise TypeError(f"no deliverer leadership for {type(database).__name__}")
 
 
 @dataclass(frozen=True)
@@ -120,7 +102,7 @@ class Deliverer:
         self.feed = feed
         self.key = key
         self.rules = rules
-        self._lead = lead or leadership(store.database)
+        self._lead = lead or make_leadership(store.database, "webhook", LOCK_CLASS)
         self._stop = threading.Event()
         self._leading = threading.Event()
         self._threads: dict[uuid.UUID, threading.Thread] = {}
