@@ -311,6 +311,47 @@ def test_a_concurrent_claim_makes_the_window_fall_back_to_single_creates(
     assert kinds == {"CreatedActive"}
 
 
+def test_an_item_claimed_since_its_lookup_draws_no_office_number(
+    client, services, workspace, member, monkeypatch
+):
+    """A released identity read free at the lookup and claimed by another
+    create before the window is saved is answered found, and numbers are
+    drawn only for the items created: no office number left unused."""
+    _, secret = member
+    first = create(client, secret, external_id="GAP-1", title="t").json
+    services.release.release(workspace.id, "GAP-1", "op-gap", actor="cli")
+    real = services.creation.identity_to_claim
+    sneaked = []
+
+    def sneak(workspace_id, external_id, read):
+        if external_id == "GAP-1" and not sneaked:
+            sneaked.append(create(client, secret, external_id="GAP-1", title="again").json)
+        return real(workspace_id, external_id, read)
+
+    monkeypatch.setattr(services.creation, "identity_to_claim", sneak)
+    tasks = [{"external_id": f"GAP-{n}", "title": "t"} for n in range(3)]
+    answer = batch(client, secret, tasks)
+    results = answer.json["results"]
+    assert [r["outcome"] for r in results] == ["created", "found_settled", "created"]
+    assert results[1]["result"]["id"] == sneaked[0]["id"]
+    made = [first, sneaked[0], results[0]["result"], results[2]["result"]]
+    numbers = sorted(int(task["identifier"].rsplit("-", 1)[1]) for task in made)
+    assert numbers == list(range(numbers[0], numbers[0] + 4))  # no gap
+
+
+def test_a_window_reads_many_streams_in_one_query(client, services, workspace, member):
+    """A window of more than MANY_STREAMS items (one joined read, not one
+    branch per stream) finds what is held and creates the rest."""
+    _, secret = member
+    held = batch(client, secret, [{"external_id": f"M-{n}", "title": "t"} for n in range(0, 60, 2)])
+    assert held.json["summary"]["created"] == 30
+    answer = batch(client, secret, [{"external_id": f"M-{n}", "title": "t"} for n in range(60)])
+    outcomes = [r["outcome"] for r in answer.json["results"]]
+    assert outcomes == ["found_settled", "created"] * 30
+    ids = {r["result"]["id"] for r in held.json["results"]}
+    assert {r["result"]["id"] for r in answer.json["results"][::2]} == ids
+
+
 def test_atomic_creates_all_or_lists_every_failing_index_and_creates_nothing(
     client, services, workspace, member
 ):

@@ -7,6 +7,7 @@ its own copy back without a new copy."""
 from __future__ import annotations
 
 import threading
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -87,3 +88,20 @@ def test_one_thread_reading_an_unchanged_aggregate_again_reuses_its_copy(service
     app.save_atomically(current)
     after = app.read(workspace.id, Workspace)
     assert after is not once and after.wip_limit == 2 and once.wip_limit is None
+
+
+def test_a_read_of_many_streams_catches_each_up_from_its_own_snapshot(services):
+    """More streams than one statement reads branch by branch (MANY_STREAMS):
+    each is read after its own cached version, the unknown ones are None."""
+    app = services.app
+    spaces = [services.workspaces.open(f"many-{n}") for n in range(24)]
+    ids = [space.id for space in spaces]
+    assert all(isinstance(app.read_many(ids)[key], Workspace) for key in ids)  # cached
+    for space in spaces[::4]:
+        current = app.load(space.id, Workspace)
+        current.set_wip_limit(7)
+        app.save_atomically(current)
+    unknown = [uuid.uuid4() for _ in range(10)]
+    read = app.read_many([*ids, *unknown])
+    assert [read[key].wip_limit == 7 for key in ids] == [n % 4 == 0 for n in range(24)]
+    assert all(read[key] is None for key in unknown)

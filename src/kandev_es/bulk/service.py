@@ -289,23 +289,29 @@ class BatchService:
             return True
         workspace = run.workspace
         assert workspace is not None
-        numbers = self._app.next_office_numbers(workspace.id, len(pending))
-        claims: list[tuple[_Claim, Claimed]] = []
-        aggregates: list[Any] = []
-        for claim, number in zip(pending, numbers, strict=True):
-            plan = self.creation.plan(
-                run.principal, workspace, claim.external_id, number, claim.fields
-            )
+        to_claim: list[tuple[_Claim, Identity]] = []
+        for claim in pending:
             identity = self.creation.identity_to_claim(workspace.id, claim.external_id, claim.read)
             found = self.creation.holders.found(identity)  # claimed since the lookup
             if found is not None:
                 run.results[claim.index] = ItemResult(claim.index, found)
-                continue
+            else:
+                to_claim.append((claim, identity))
+        # Numbers only for the items claimed here: none lost to an item found.
+        numbers = self._app.next_office_numbers(workspace.id, len(to_claim))
+        claims: list[tuple[_Claim, Claimed]] = []
+        aggregates: list[Any] = []
+        for (claim, identity), number in zip(to_claim, numbers, strict=True):
+            plan = self.creation.plan(
+                run.principal, workspace, claim.external_id, number, claim.fields
+            )
             claimed = self.creation.claimed(
                 run.principal, plan, new_secret(), identity, completed=True
             )
             claims.append((claim, claimed))
             aggregates.extend((identity, claimed.task))
+        if not claims:
+            return True
         try:
             self._app.save_atomically(
                 *aggregates,

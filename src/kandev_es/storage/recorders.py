@@ -68,6 +68,9 @@ from kandev_es.storage.view_writes import APPLY_VIEWS, ViewsFailed, postgres_fun
 F = TypeVar("F", bound=Callable[..., Any])
 FAST_FAILURE_S = 0.25
 SETTLE_WAIT_S = 1.0
+# Above this many streams a read is one LATERAL join over unnest() (a batch's
+# window), not one UNION ALL branch per stream (_streams_statement).
+MANY_STREAMS = 16
 SET_READ_COMMITTED = "SET default_transaction_isolation = 'read committed'"
 
 
@@ -349,7 +352,14 @@ class KandevPostgresRecorder(PostgresApplicationRecorder):
         self._table_sql = table.as_string(None)
         self.events_table_sql = self._table_sql  # for a rebuild's switch (projections/rebuild.py)
         self._select_streams_sql: dict[int, str] = {}
-        self._drawing_sql: dict[int, str] = {}
+        self._drawing_sql: dict[str, str] = {}
+        self._many_streams_sql = (
+            "SELECT e.originator_id, e.originator_version, e.topic, e.state"
+            " FROM unnest(%b::uuid[], %b::int8[]) AS s (id, since) CROSS JOIN LATERAL"
+            f" (SELECT originator_id, originator_version, topic, state FROM {self._table_sql}"
+            "  WHERE originator_id = s.id AND originator_version > s.since) AS e"
+            " ORDER BY originator_id, originator_version"
+        )
         self._read_committed: weakref.WeakSet[Any] = weakref.WeakSet()
         self.horizon = Horizon(self._table_sql)
         self.writers = Writers(self._table_sql)
@@ -537,10 +547,22 @@ class KandevPostgresRecorder(PostgresApplicationRecorder):
         _unretried(PostgresApplicationRecorder.max_notification_id)
     )
 
+    def _streams_query(self, since: Since) -> tuple[str, list[Any]]:
+        """The statement reading ``since``'s streams, and its parameters."""
+        if len(since) > MANY_STREAMS:
+            keys = [key for key, _ in since]
+            return self._many_streams_sql, [keys, [version for _, version in since]]
+        params = [value for key, version in since for value in (key, version)]
+        return self._streams_statement(len(since)), params
+
     def _streams_statement(self, count: int) -> str:
         # One primary-key range scan per stream, UNION ALL, prepared once per
         # arity: half the server CPU of the same ranges OR-ed into one WHERE
         # (a bitmap OR, recheck and sort); a join over unnest() cost four times more.
+        # Up to MANY_STREAMS streams only: PostgreSQL plans every branch, each
+        # time for a prepared statement's first five runs on a connection
+        # (custom plans), so 500 branches cost 50-80 ms a read (a batch's
+        # window) where one LATERAL join over unnest() costs about 4 ms.
         statement = self._select_streams_sql.get(count)
         if statement is None:
             one = (
@@ -554,8 +576,7 @@ class KandevPostgresRecorder(PostgresApplicationRecorder):
 
     @_retry_once_after_pool_check
     def select_streams(self, since: Since) -> list[StoredEvent]:
-        params = [value for key, version in since for value in (key, version)]
-        statement = self._streams_statement(len(since))
+        statement, params = self._streams_query(since)
         with _Pooled(self.datastore.pool) as conn:
             rows = _tuples(conn).execute(statement, params, prepare=True).fetchall()
         return _stored_events(rows)
@@ -572,9 +593,9 @@ class KandevPostgresRecorder(PostgresApplicationRecorder):
         only for a create that goes on to claim it: a create pays one round
         trip and one commit fewer, and a number is lost only where one already
         was (a concurrent claimer wins). A missing sequence draws nothing."""
-        params: list[Any] = [value for key, version in since for value in (key, version)]
+        streams, params = self._streams_query(since)
         params.append(self._sequence(workspace_id))
-        statement = self._drawing_statement(len(since))
+        statement = self._drawing_statement(streams)
         with _Pooled(self.datastore.pool) as conn:
             rows = _tuples(conn).execute(statement, params, prepare=True).fetchall()
         # The draw's row sorts last (ORDER BY 1: a NULL originator_id) and only
@@ -584,12 +605,13 @@ class KandevPostgresRecorder(PostgresApplicationRecorder):
             return [], None if drawn is None else int(drawn)
         return _stored_events(rows), None
 
-    def _drawing_statement(self, count: int) -> str:
-        statement = self._drawing_sql.get(count)
+    def _drawing_statement(self, reading: str) -> str:
+        """``reading`` (a _streams_query statement), drawing as it reads."""
+        statement = self._drawing_sql.get(reading)
         if statement is None:
             # The draw is a one-row SELECT whose constant qual (no row in s)
             # is checked before its target list: nextval runs only then.
-            streams = self._streams_statement(count).rsplit(" ORDER BY ", 1)[0]
+            streams = reading.rsplit(" ORDER BY ", 1)[0]
             statement = (
                 f"WITH s AS MATERIALIZED ({streams})"
                 " SELECT originator_id, originator_version, topic, state FROM s"
@@ -597,7 +619,7 @@ class KandevPostgresRecorder(PostgresApplicationRecorder):
                 " WHERE NOT EXISTS (SELECT FROM s)"
                 " ORDER BY 1, 2"
             )
-            self._drawing_sql[count] = statement
+            self._drawing_sql[reading] = statement
         return statement
 
     @_retry_once_after_pool_check
