@@ -32,7 +32,8 @@ MAX_UNWRITTEN = 200
 class Progress:
     def __init__(self, subscription_id: uuid.UUID) -> None:
         self.id = subscription_id
-        self.lock = threading.Lock()
+        self.lock = threading.Lock()  # the state below, never held over a write
+        self.writing = threading.Lock()  # one write of it at a time
         self.s: Subscription | None = None  # as this thread has it: ahead of ``written``
         self.written: Subscription | None = None  # as last read from or written to the store
         self.read_at = 0.0
@@ -71,26 +72,48 @@ class Progress:
         changes: dict[str, Any] | None = None,
     ) -> bool:
         """Write what is unwritten (and ``extra`` with its ``changes``) in one
-        transaction; whether the subscription took the changes."""
-        with self.lock:
-            attempts = self.unwritten + ([extra] if extra is not None else [])
-            if self.s is None or self.written is None or self.refused:
-                if attempts:
-                    store.record(None, attempts, {})
+        transaction; whether the subscription took the changes. One write at a
+        time (``writing``); ``lock`` is held only to take and settle the state,
+        never over the write, so the delivering thread goes on meanwhile."""
+        with self.writing:
+            with self.lock:
+                attempts = self.unwritten + ([extra] if extra is not None else [])
                 self.unwritten = []
+                s, written, refused = self.s, self.written, self.refused
+            try:
+                if s is None or written is None or refused:
+                    if attempts:
+                        store.record(None, attempts, {})
+                    return False
+                moves = self._moves(s, changes)
+                # The store away: nothing is written, everything stays for the
+                # next try (a failure's changes are decided again by its retry).
+                stored = store.record(written, attempts, moves)
+            except BaseException:
+                with self.lock:
+                    self.unwritten[:0] = [a for a in attempts if a is not extra]
+                raise
+            return self._settle(s, written, moves, stored)
+
+    @staticmethod
+    def _moves(s: Subscription, changes: dict[str, Any] | None) -> dict[str, Any]:
+        return {
+            "cursor": s.cursor,
+            "attempts": s.attempts,
+            "next_attempt_at": s.next_attempt_at,
+            **(changes or {}),
+        }
+
+    def _settle(
+        self, s: Subscription, written: Subscription, moves: dict[str, Any], stored: bool
+    ) -> bool:
+        """After a write of ``s`` (as it was when taken): the stored state, and
+        this thread's own unless it moved on during the write."""
+        with self.lock:
+            if not stored:
+                self.refused = True
                 return False
-            moves: dict[str, Any] = {
-                "cursor": self.s.cursor,
-                "attempts": self.s.attempts,
-                "next_attempt_at": self.s.next_attempt_at,
-                **(changes or {}),
-            }
-            # The store away: nothing is written, everything stays for the
-            # next try (a failure's changes are decided again by its retry).
-            stored = store.record(self.written, attempts, moves)
-            self.unwritten = []
-            if stored:
-                self.s = self.written = replace(self.written, **moves)
-                return True
-            self.refused = True
-            return False
+            self.written = replace(written, **moves)
+            if self.s is s:
+                self.s = self.written
+            return True
