@@ -502,6 +502,20 @@ class Tasks(Application):  # type: ignore[type-arg]
         with self._store_call():
             return list(settled_rows(query, params))
 
+    def following_rows(
+        self, query: str, params: dict[str, Any]
+    ) -> tuple[list[tuple[Any, ...]], int, int] | None:
+        """For a reader following the log a moment behind (the feed reader):
+        ``query``'s rows up to a settled position in one statement, that
+        position and the log's head (``recorders.following_rows``); None where
+        the store has no such reader (SQLite: use ``settled_rows``)."""
+        following_rows = getattr(self.recorder, "following_rows", None)
+        if following_rows is None:
+            return None
+        with self._store_call():
+            rows, bound, top = following_rows(query, params)
+            return list(rows), int(bound), int(top)
+
     def max_notification_id(self) -> int:
         with self._store_call():
             return int(self.recorder.max_notification_id() or 0)

@@ -241,3 +241,32 @@ def test_a_read_for_no_workspace_or_for_the_head_alone_returns_no_event(
     assert source.read(None, [workspace.id]) == ([], head)
     events, through = source.read(0, [workspace.id])
     assert len(events) == 2 and through == head
+
+
+@pytest.mark.postgres_only
+def test_a_transaction_held_open_elsewhere_delays_the_reader_by_the_stall_time_only(
+    settings, client, services, workspace, member
+):
+    """The reader follows the settled position its own checkpoints find (one
+    statement a pass); a transaction with an id held open anywhere in the
+    cluster holds that position back for as long as it stays open. After
+    STALL_SECONDS the reader reads to this table's writers' head instead, so
+    the events still come (never, while the transaction stays, without it)."""
+    import psycopg
+
+    follower = services.feeds.subscribe(workspace.id, services.app.max_notification_id())
+    holder = psycopg.connect(settings.postgres.schema_conninfo)
+    try:
+        follower.take(0.1)
+        follower.take(0.1)
+        holder.execute("SELECT pg_current_xact_id()")  # an id, held until the end
+        ids = made(client, member[1], 3, "HELD")
+        started = time.monotonic()
+        got = take_until(follower, 3)
+        assert [event.envelope["subject"] for event in got] == ids
+        assert time.monotonic() - started < fanout.STALL_SECONDS + 5
+        assert services.feeds.source.top > services.feeds.source._bound  # still held back
+    finally:
+        holder.rollback()
+        holder.close()
+        follower.close()

@@ -10,6 +10,7 @@ one already read) is put back to one id at a time by ``db init``."""
 from __future__ import annotations
 
 import random
+import time
 import uuid
 from typing import Any
 
@@ -84,6 +85,39 @@ def _save(app: Any, conn: psycopg.Connection[Any], workspace_id: uuid.UUID) -> t
     return str(identity.id), int(rows[0][0])
 
 
+class _Follower:
+    """A reader following the log a moment behind, as the feed reader does
+    (``Tasks.following_rows``: one statement a read, up to the position its
+    checkpoints settled), here over the log itself, two rows a read."""
+
+    LIMIT = 2
+
+    def __init__(self, app: Any) -> None:
+        self._app = app
+        self._query = (
+            f"SELECT notification_id, originator_id FROM {app.recorder.events_table_sql}"
+            " WHERE notification_id > %(after)s AND notification_id <= b.bound"
+            " ORDER BY notification_id LIMIT %(limit)s"
+        )
+        self.through = app.max_notification_id()  # the fixtures' saves, all committed
+        self.seen: list[tuple[int, str]] = []
+
+    def read(self) -> None:
+        rows, bound, _ = self._app.following_rows(
+            self._query, {"after": self.through, "limit": self.LIMIT}
+        )
+        found = sorted((int(position), str(originator)) for position, originator in rows)
+        self.seen.extend(found)
+        full = len(found) >= self.LIMIT
+        self.through = max(self.through, found[-1][0] if full else bound)
+
+    def catch_up(self, head: int) -> None:
+        deadline = time.monotonic() + 30
+        while self.through < head:
+            assert time.monotonic() < deadline, (self.through, head)
+            self.read()
+
+
 def _assert_exactly_once_in_order(seen: list[tuple[int, str]], committed: dict[str, int]) -> None:
     positions = [position for position, _ in seen]
     assert positions == sorted(set(positions)), "applied twice or out of id order"
@@ -97,6 +131,7 @@ def test_a_polling_runner_applies_exactly_the_committed_saves_once_in_order(
 ) -> None:
     app = services.app
     runner = _runner(services)
+    follower = _Follower(app)
     chance = random.Random(seed)
     writers = [_connect(settings) for _ in range(WRITERS)]
     pending: list[dict[str, int]] = [{} for _ in writers]
@@ -136,6 +171,9 @@ def test_a_polling_runner_applies_exactly_the_committed_saves_once_in_order(
                 runner.run_once()
                 for position, originator in _seen(services):
                     assert committed.get(originator) == position, "applied before it committed"
+                follower.read()
+                for position, originator in follower.seen:
+                    assert committed.get(originator) == position, "followed before it committed"
         for index, conn in enumerate(writers):
             if chance.random() < 0.5:
                 conn.commit()
@@ -143,10 +181,12 @@ def test_a_polling_runner_applies_exactly_the_committed_saves_once_in_order(
             else:
                 conn.rollback()
         runner.catch_up(timeout=30)
+        follower.catch_up(app.max_notification_id())
     finally:
         for conn in writers:
             conn.close()
     _assert_exactly_once_in_order(_seen(services), committed)
+    _assert_exactly_once_in_order(follower.seen, committed)
 
 
 @pytest.mark.postgres_only

@@ -14,8 +14,11 @@ process (``FeedFanout``), running while any follower is at the head:
   it passes at most every COALESCE_SECONDS, so the saves of those
   milliseconds share one read;
 - reads each new page of the followed workspaces' feed rows once, up to the
-  settled head (services/feeds.py), asks once whether the followers may still
-  read (``StreamAccess``: one statement for all their tokens and workspaces),
+  position its checkpoints have settled, in one statement (``FeedSource.follow``:
+  no pg_locks, no waiting; the writers' settled head of services/feeds.py only at
+  its first pass and when that position is held back STALL_SECONDS), asks once
+  whether the followers may still read (``StreamAccess``: one statement for all
+  their tokens and workspaces),
   makes each event's JSON and SSE frame once (``FeedEvent``) and hands the same
   object to every follower of its workspace;
 - never waits for a follower: one that has more than MAX_BEHIND_EVENTS or
@@ -69,6 +72,7 @@ PAGE = 500  # feed rows a read returns at most
 COALESCE_SECONDS = 0.01
 WATCH_SECONDS = 0.005
 WATCH_IDLE_SECONDS = 0.05
+STALL_SECONDS = 0.25  # the reader's settled position held back: read to the writers' head
 CHECK_SECONDS = 5.0  # every follower's grant asked again at least this often
 MAX_BEHIND_EVENTS = 2000
 MAX_BEHIND_BYTES = 4 << 20
@@ -132,6 +136,15 @@ SETTLED_READER_PAGE = (
 )
 
 
+# The reader's page when it follows the log (Tasks.following_rows): the same
+# rows, bounded by the settled position that one statement finds (``b.bound``).
+FOLLOWING_PAGE = (
+    f"SELECT {READER_COLUMNS} FROM {{schema}}.feed_events"
+    " WHERE position > %(after)s AND position <= b.bound"
+    " AND workspace_id = ANY(%(workspaces)s::uuid[]) ORDER BY position LIMIT %(limit)s"
+)
+
+
 class FeedSource:
     """The feed rows of some workspaces after a position, only settled ones,
     and how far that read is complete (``through``: every row at or below it
@@ -144,6 +157,32 @@ class FeedSource:
         self._settled: SettledRows = app.settled_rows
         # The log's head: what the reader watches for other processes' saves.
         self.head: Callable[[], int] = app.max_notification_id
+        self.top = 0  # the log's head as the reader's last statement saw it
+        self._bound = 0  # the highest settled position a following read found
+        self._moved = time.monotonic()  # when that last moved (or reached the head)
+
+    def follow(
+        self, after: int, workspaces: Collection[uuid.UUID]
+    ) -> tuple[list[FeedEvent], int]:
+        """The reader's read: ``read``'s answer, a moment behind the head
+        (one statement, no pg_locks: ``Tasks.following_rows``). Once the
+        settled position has not moved for STALL_SECONDS while the head is
+        ahead of it (a transaction with an id elsewhere in the cluster holds
+        it back), one ``read`` instead: its head is this table's writers'."""
+        params = {"after": after, "workspaces": list(workspaces), "limit": PAGE}
+        found = self._app.following_rows(FOLLOWING_PAGE, params)
+        if found is None:
+            return self.read(after, workspaces)
+        rows, bound, self.top = found
+        now = time.monotonic()
+        if bound > self._bound or bound >= self.top:
+            self._bound, self._moved = max(bound, self._bound), now
+        elif now - self._moved >= STALL_SECONDS:
+            self._moved = now
+            return self.read(after, workspaces)
+        events = [feed_event(row) for row in sorted(rows, key=lambda row: int(row[0]))]
+        through = events[-1].position if len(events) >= PAGE else bound
+        return events, max(through, after)
 
     def read(
         self, after: int | None, workspaces: Collection[uuid.UUID], limit: int | None = None
@@ -421,7 +460,7 @@ class FeedFanout:
                 self._end_everyone("feed reader failed")
             watch.through = self._through or 0
             SERVER_STOPPING.wait(COALESCE_SECONDS)
-            watch.wait(rung, checked + CHECK_SECONDS)
+            watch.wait(rung, checked + CHECK_SECONDS, self.source.top)
 
     def _pass(self) -> None:
         """Read what is new for every followed workspace, page by page, and
@@ -434,7 +473,10 @@ class FeedFanout:
             return
         self.passes += 1
         metrics.feed_read()
-        events, through = self.source.read(after, followed)
+        if after is None:  # from the head as this table's writers settle it
+            events, through = self.source.read(after, followed)
+        else:
+            events, through = self.source.follow(after, followed)
         with self._lock:
             start = through if after is None else after
             for follower in joining:
@@ -444,7 +486,7 @@ class FeedFanout:
         self._through = through
         while len(events) >= PAGE:
             metrics.feed_read()
-            events, through = self.source.read(through, followed)
+            events, through = self.source.follow(through, followed)
             self._hand_out(events)
             self._through = through
 
@@ -501,7 +543,9 @@ class _Watch:
         self._pause = WATCH_SECONDS
         self.through = 0
 
-    def wait(self, rung: int, until: float) -> None:
+    def wait(self, rung: int, until: float, top: int = 0) -> None:
+        if top > self.through:  # the last pass saw more than it could hand out
+            return
         while not SERVER_STOPPING.is_set():
             left = until - time.monotonic()
             if left <= 0 or self._bell.wait(rung, min(self._pause, left)) != rung:

@@ -509,6 +509,7 @@ class KandevPostgresRecorder(PostgresApplicationRecorder):
                     statement, {**params, "upto": head, "writing": writing}, prepare=True
                 ).fetchall()
             if rows[0][0]:
+                self.horizon.raise_floor(head)
                 return [found[1:] for found in rows if found[1] is not None]
             if time.monotonic() + pause > deadline:
                 self.checkpoint()
@@ -516,6 +517,24 @@ class KandevPostgresRecorder(PostgresApplicationRecorder):
                 continue
             time.sleep(pause)
             pause = min(pause * 2, 0.05)
+
+    def following_rows(
+        self, query: str, params: dict[str, Any]
+    ) -> tuple[list[tuple[Any, ...]], int, int]:
+        """For a reader following the log a moment behind (the feed reader):
+        the rows of ``query`` (``{schema}``; bounded by ``b.bound``) up to the
+        position the process's checkpoints have settled, that position and
+        the log's head, in ONE statement (``Horizon.following_sql``). Lags
+        the head by about one save's time while saves come, and by any
+        transaction with an id anywhere in the cluster: the caller falls back
+        to ``settled_rows`` when it stays behind."""
+        statement = self.horizon.following_sql(query.format(schema=self._sequence_prefix[:-1]))
+        with _Pooled(self.datastore.pool) as conn:
+            rows = _tuples(conn).execute(
+                statement, self.horizon.following_params(params), prepare=True
+            ).fetchall()
+        bound, top = self.horizon.followed(rows[0])
+        return [row[4:] for row in rows if row[4] is not None], bound, top
 
     @_retry_once_after_pool_check
     def first_unknown(self, after: int, upto: int, known: Sequence[str]) -> tuple[int, str] | None:

@@ -60,6 +60,7 @@ class Horizon:
         self._lock = threading.Lock()
         self._floor = 0  # every id <= floor is settled
         self._pending: list[tuple[int, int]] = []  # (L, U), both increasing
+        self._table_sql = table_sql
         self.checkpoint_sql = (
             f"SELECT coalesce(max(notification_id), 0),"
             f" CASE WHEN coalesce(max(notification_id), 0) > %s"
@@ -122,14 +123,64 @@ class Horizon:
         }
         return self._read_sql[bool(topics)], params
 
-    def settle(self, rows: Sequence[tuple[Any, ...]]) -> Settled:
-        """Turn the read's rows into notifications and remember what settled."""
-        xmin, bound = int(rows[0][0]), int(rows[0][1])
+    def following_sql(self, query: str) -> str:
+        """One statement for a reader that follows the log (the feed reader,
+        services/fanout.py): ``query``'s rows up to the settled position as
+        this statement finds it (``b.bound`` in ``query``), that position, the
+        log's head, and a checkpoint of this same snapshot (its head and
+        xmax), which a later statement settles. Nothing but the snapshot and
+        the log's index is read (no pg_locks): a reader passing every few
+        milliseconds costs one small statement a pass. When no transaction
+        is under way at all (xmax = xmin), the head itself is settled."""
+        return (
+            "WITH s AS (SELECT pg_snapshot_xmin(pg_current_snapshot()) AS xmin,"
+            "  pg_snapshot_xmax(pg_current_snapshot()) AS xmax,"
+            f"  (SELECT coalesce(max(notification_id), 0) FROM {self._table_sql}) AS top),"
+            " b AS (SELECT s.xmin, s.xmax, s.top, greatest(%(floor)s::bigint,"
+            "  (SELECT max(c.l) FROM unnest(%(ls)s::bigint[], %(us)s::text[]::xid8[]) AS c(l, u)"
+            "   WHERE c.u <= s.xmin), CASE WHEN s.xmax <= s.xmin THEN s.top END) AS bound"
+            "  FROM s)"
+            " SELECT b.xmin::text, b.bound, b.top, b.xmax::text, q.*"
+            f" FROM b LEFT JOIN LATERAL ({query}) q ON true"
+        )
+
+    def following_params(self, params: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            pending = list(self._pending)
+            floor = self._floor
+        return {
+            **params,
+            "floor": floor,
+            "ls": [upto for upto, _ in pending],
+            "us": [str(u) for _, u in pending],
+        }
+
+    def followed(self, first: Sequence[Any]) -> tuple[int, int]:
+        """What a ``following_sql`` statement found (its first row): remembers
+        what settled and the checkpoint it took; (settled position, head)."""
+        xmin, bound, top, xmax = int(first[0]), int(first[1]), int(first[2]), int(first[3])
+        self._advance(xmin, bound)
+        self.add(top, xmax)
+        return bound, top
+
+    def raise_floor(self, position: int) -> None:
+        """``position`` is settled (another reader proved it: ``Writers``)."""
+        with self._lock:
+            if position > self._floor:
+                self._floor = position
+                self._pending = [(upto, xid) for upto, xid in self._pending if upto > position]
+
+    def _advance(self, xmin: int, bound: int) -> None:
         with self._lock:
             self._floor = max(self._floor, bound)
             self._pending = [
                 (upto, xid) for upto, xid in self._pending if xid > xmin and upto > self._floor
             ]
+
+    def settle(self, rows: Sequence[tuple[Any, ...]]) -> Settled:
+        """Turn the read's rows into notifications and remember what settled."""
+        xmin, bound = int(rows[0][0]), int(rows[0][1])
+        self._advance(xmin, bound)
         # psycopg already loads the uuid column as UUID: no round trip through
         # str (a tenth of a projection pass's Python calls).
         notifications = [
