@@ -372,25 +372,3 @@ def test_event_store_pool_is_built_closed_and_connects_with_its_conninfo_and_kwa
     assert "127.0.0.1" in str(refused.value) and '"h"' not in str(refused.value), _changed(
         "psycopg_pool", "ConnectionPool._connect reading .conninfo and .kwargs",
         "storage/recorders.py")
-
-
-def test_httpx_transport_hands_its_requests_to_an_httpcore_pool_we_can_rebuild() -> None:
-    """webhooks/transport.py replaces httpx's pool by one with its own network
-    backend (the connect-time address check): httpx names no backend option."""
-    import httpcore
-    import httpx
-
-    from kandev_es.webhooks.addresses import NetworkPolicy
-    from kandev_es.webhooks.transport import GuardedBackend, GuardedTransport
-
-    user = "webhooks/transport.py"
-    plain = httpx.HTTPTransport()
-    assert isinstance(getattr(plain, "_pool", None), httpcore.ConnectionPool), _changed(
-        "httpx", "HTTPTransport._pool", user)
-    assert hasattr(plain._pool, "_ssl_context"), _changed("httpcore", "_ssl_context", user)
-    assert "network_backend" in inspect.signature(httpcore.ConnectionPool).parameters
-    assert list(inspect.signature(httpcore.SyncBackend.connect_tcp).parameters) == [
-        "self", "host", "port", "timeout", "local_address", "socket_options"
-    ], _changed("httpcore", "SyncBackend.connect_tcp(host, port, ...)", user)
-    guarded = GuardedTransport(NetworkPolicy())
-    assert isinstance(guarded._pool._network_backend, GuardedBackend)
