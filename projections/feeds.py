@@ -7,9 +7,9 @@ workspace, read per workspace by position.
   one per completed creation, none for a Found (a Found writes no event at
   all) and none before Completed. Its data is the DTO at that point;
   external_id only when still held (AC-7).
-- ``task.updated`` goes out for ``Updated``, ``Archived`` and
-  ``ExternalIdCleared`` (release) of an active task. A release recorded while
-  the creation is still preparing publishes nothing (AC-7).
+- ``task.updated`` goes out for ``Updated``, ``Archived``,
+  ``ExternalIdCleared`` (release) and ``Forgotten`` of an active task. A
+  release recorded while the creation is still preparing publishes nothing (AC-7).
 
 Each feed row's position is the originating event's notification id and its id
 is derived from (originator_id, originator_version), so a rebuild reproduces the
@@ -36,7 +36,7 @@ FEED_NAMESPACE = uuid.UUID("3a1d6f0c-9b7e-4c52-8e14-7f2b5d9c0a61")
 _feed_name_id = namespace(FEED_NAMESPACE)
 TASK_CREATED = "task.created"
 TASK_UPDATED = "task.updated"
-UPDATES = (Task.Updated, Task.Archived, Task.ExternalIdCleared)
+UPDATES = (Task.Updated, Task.Archived, Task.ExternalIdCleared, Task.Forgotten)
 
 
 def feed_event_id(originator_id: uuid.UUID | str, originator_version: int) -> uuid.UUID:

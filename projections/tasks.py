@@ -15,7 +15,7 @@ from typing import Any
 
 from kandev_es.projections.base import db_id, event_topics, load_dtos
 
-from kandev_es.domain.task import Task
+from kandev_es.domain.task import FORGETTABLE_FIELDS, Task
 from kandev_es.storage.database import Transaction
 from kandev_es.storage.tables import TableSet
 from kandev_es.views import task_dto
@@ -137,5 +137,8 @@ def patch_dto(dto: dict[str, Any], event: Any) -> None:
         dto["revision"] += 1
     elif isinstance(event, Task.ExternalIdCleared):
         dto.pop("external_id", None)
+        dto["revision"] += 1
+    elif isinstance(event, Task.Forgotten):
+        dto.update(dict.fromkeys(FORGETTABLE_FIELDS), forgotten=True)
         dto["revision"] += 1
     dto["updated_at"] = event.timestamp.isoformat()

@@ -29,6 +29,7 @@ from kandev_es.config import Settings
 from kandev_es.errors import Contended, InternalError, ProjectionFailed, StoreUnavailable
 from kandev_es.observability import tracing
 from kandev_es.storage.breaker import StoreBreaker, means_read_only, means_unreachable
+from kandev_es.storage.sealing import SealingMapper
 from kandev_es.storage.sqlite_factory import SQLITE_FACTORY_TOPIC
 from kandev_es.storage.sqlite_recorder import SQLITE_RECORDER_TOPIC
 from kandev_es.storage.streams import StreamsAdvanced
@@ -180,6 +181,9 @@ class Tasks(Application):  # type: ignore[type-arg]
         super().__init__(env=event_store_env(settings))
         # Both recorders are ours (storage/): whether a save writes chain hashes.
         self.recorder.save_chains = settings.ledger_save_chains  # type: ignore[attr-defined]
+        # Sealed free text (storage/sealing.py): keys read through the recorder.
+        self.keys = cast(SealingMapper, self.mapper).keys
+        self.keys.reader = getattr(self.recorder, "select_task_keys", None)
         # Only PostgreSQL goes away; SQLite's errors are lock timeouts.
         if breaker is None and settings.database_url:
             from kandev_es.storage.reconnect import reconnect_quickly
@@ -208,6 +212,12 @@ class Tasks(Application):  # type: ignore[type-arg]
         self._open_lock = threading.Condition()
         self._background_calls = 0
         self._closed = False
+
+    def construct_mapper(self) -> SealingMapper:
+        """The library's mapper, sealing each task's free text under its own
+        key (storage/sealing.py; docs/auditing.md: Erasure)."""
+        mapper = self.factory.mapper(self.construct_transcoder(), mapper_class=SealingMapper)
+        return cast(SealingMapper, mapper)
 
     def construct_transcoder(self) -> Transcoder:
         """The library's JSON, encoded faster (storage/transcoder.py), unless
@@ -389,6 +399,7 @@ class Tasks(Application):  # type: ignore[type-arg]
         if not self._direct_save or not all(isinstance(a, Aggregate) for a in aggregates):
             if self.inline is not None:  # the library's save writes no read model
                 raise InternalError("a save the inline projections cannot follow")
+            # Nor any data key: its events are stored in cleartext (format 0).
             return cast(list[Recording[uuid.UUID]], super().save(*objs, **kwargs))
         events, stored, ids = self._write(aggregates, kwargs)
         if not ids:
@@ -412,6 +423,7 @@ class Tasks(Application):  # type: ignore[type-arg]
         aggregates: Sequence[Aggregate],
         kwargs: Mapping[str, Any],
         dtos: TaskDtos | None = None,
+        extra_views: ViewRows | None = None,
     ) -> tuple[list[Any], list[StoredEvent], Sequence[int]]:
         """Every save's write: the aggregates' pending events, mapped and
         inserted in one recorder call. It is what the library's
@@ -423,18 +435,28 @@ class Tasks(Application):  # type: ignore[type-arg]
         events: list[Any] = []
         for aggregate in aggregates:
             events.extend(aggregate.collect_events())
-        to_stored = self.mapper.to_stored_event
-        stored = [to_stored(event) for event in events]
+        mapper = cast(SealingMapper, self.mapper)
+        with mapper.collecting() as new_keys:
+            stored = [mapper.to_stored_event(event) for event in events]
         try:
             # The read-model rows of these events, written by the recorder in
-            # the same transaction (storage/view_writes.py).
+            # the same transaction (storage/view_writes.py), with the data
+            # keys of new tasks (storage/sealing.py).
             inline = self.inline
             views = inline(events, aggregates, dtos) if inline is not None else None
+            if extra_views:
+                views = {**(views or {}), **extra_views}
+            if new_keys:
+                views = {**(views or {}), "task_keys": [
+                    (str(task_id), key.hex()) for task_id, key in new_keys.items()
+                ]}  # fmt: skip
             ids = self.recorder.insert_events(stored, views=views, **kwargs)
         except ViewsFailed as error:
             metrics.record_projection_failure()
             log.error("save rolled back: %s", error)
             raise ProjectionFailed("a read model refused the save; nothing was stored") from None
+        for task_id, key in new_keys.items():
+            mapper.keys.remember(task_id, key)
         return events, stored, ids or []
 
     @tracing.traced("save")
@@ -443,18 +465,22 @@ class Tasks(Application):  # type: ignore[type-arg]
         *aggregates: Aggregate,
         unchanged: Mapping[uuid.UUID, int] | None = None,
         dtos: TaskDtos | None = None,
+        extra_views: ViewRows | None = None,
     ) -> int:
         """Save all pending events in one transaction; return the last
         notification id. A version clash becomes ``VersionConflict``. With
         ``unchanged`` ({aggregate id: version read}), nothing is saved — also
         ``VersionConflict`` — if any of those streams has moved on since.
         ``dtos``: saved tasks' DTOs as they are after this save, made by the
-        caller anyway (its answer), so the inline views do not make them again."""
+        caller anyway (its answer), so the inline views do not make them again.
+        ``extra_views``: more rows for the save's transaction (a forget's)."""
         kwargs = {"unchanged": dict(unchanged)} if unchanged else {}
+        if extra_views and not self._direct_save:
+            raise InternalError("a save with rows of its own needs the direct save")
         try:
             with self._store_call():
                 if self._direct_save:
-                    ids = self._write(aggregates, kwargs, dtos)[2]
+                    ids = self._write(aggregates, kwargs, dtos, extra_views)[2]
                 else:
                     ids = [r.notification.id for r in self.save(*aggregates, **kwargs)]
         except (IntegrityError, StreamsAdvanced):

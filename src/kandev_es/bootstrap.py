@@ -15,6 +15,7 @@ from kandev_es.bulk.service import BatchService
 from kandev_es.config import Settings, data_path
 from kandev_es.creation.driver import CreationDriver
 from kandev_es.creation.service import CreationService
+from kandev_es.erasure.service import ForgetService
 from kandev_es.errors import InvalidSetting, KandevError, SchemaSetupFailed, StoreUnavailable
 from kandev_es.projections.base import Projection
 from kandev_es.projections.creations import CreationsProjection
@@ -83,6 +84,10 @@ class Services:
         return ParkedCreations(
             self.app, self.database, self.projections, self.driver, self.settings.recovery_attempts
         )
+
+    def forgetting(self) -> ForgetService:
+        """Forgetting tasks (erasure/; docs/auditing.md: Erasure)."""
+        return ForgetService(self.app, self.database)
 
     def runtime(self, owner_id: str | None = None) -> Runtime:
         """A recovery Runtime over these parts (``kandev-es runtime``, the app's thread)."""

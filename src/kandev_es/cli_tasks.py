@@ -194,6 +194,34 @@ def task_get(task_id: uuid.UUID, as_json: bool) -> None:
     _show(found, as_json)
 
 
+@task.command("forget", short_help="Forget a task's free text (erasure); proofs stay valid.")
+@click.argument("task_id", type=UUID_ARGUMENT)
+@click.option("--reason", required=True, help="why (recorded; never the erased values)")
+@click.option(
+    "--operation-id",
+    default=None,
+    help="a stable id for this erasure (as the Idempotency-Key); default: a new one",
+)
+@json_option
+@store_options
+def task_forget(task_id: uuid.UUID, reason: str, operation_id: str | None, as_json: bool) -> None:
+    """Forget TASK_ID's title and description, as POST /api/v1/tasks/{id}/forget:
+    their data key is deleted, the read models and feeds rewritten, a Forgotten
+    event recorded; every event, checkpoint and proof stays byte-identical. Then
+    run the store's documented VACUUM (docs/operations.md: Erasure)."""
+    services = open_store()
+    try:
+        result = services.forgetting().forget(
+            LOCAL_CLI, task_id, reason, operation_id or f"cli-{uuid.uuid4()}"
+        )
+    except KandevError as error:
+        raise _refused(error) from None
+    finally:
+        services.close()
+    body = {**result.body, "replayed": result.replayed}
+    _show(body, as_json)
+
+
 @task.command("lookup", short_help="Show the task holding an external ID (no side effects).")
 @click.option("--workspace", required=True, help="workspace (id or name)")
 @click.option("--external-id", required=True, help="the external ID to look up")

@@ -316,6 +316,19 @@ class ReleaseConflict(Conflict):
     code = "release_conflict"
 
 
+class TaskNotSealed(Conflict):
+    """Forgetting a task created before free text was sealed (event format 0):
+    its events hold the text in cleartext (docs/auditing.md: Erasure)."""
+
+    code = "task_not_sealed"
+
+
+class TaskForgotten(Conflict):
+    """A forgotten task's title or description cannot be written again."""
+
+    code = "task_forgotten"
+
+
 class CreationNotParked(Conflict):
     """An operator settles only creations the Runtime has given up on (parked);
     an aborted one only while it has not begun completing."""

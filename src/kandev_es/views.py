@@ -38,8 +38,16 @@ class TaskSchema(Schema):
             "example": "JIRA-1",
         }
     )
-    title = fields.String(required=True, metadata={"example": "First task"})
-    description = fields.String(required=True, metadata={"example": ""})
+    title = fields.String(
+        required=True,
+        allow_none=True,
+        metadata={"example": "First task", "description": "null once the task is forgotten"},
+    )
+    description = fields.String(
+        required=True,
+        allow_none=True,
+        metadata={"example": "", "description": "null once the task is forgotten"},
+    )
     workflow = fields.String(required=True, metadata={"example": "default"})
     workflow_step = fields.String(required=True, metadata={"example": "backlog"})
     parent_id = fields.UUID(allow_none=True, required=True)
@@ -59,6 +67,12 @@ class TaskSchema(Schema):
     )
     updated_at = fields.String(
         required=True, metadata={"task_attribute": "modified_on", "format": "date-time"}
+    )
+    forgotten = fields.Boolean(
+        metadata={
+            "description": "present (true) only once the task's free text was forgotten"
+            " (POST /api/v1/tasks/{id}/forget): title and description are then null"
+        }
     )
 
 

@@ -44,8 +44,10 @@ async def test_rest_and_mcp_return_the_same_task_body(settings, services, client
         return dict(response.json)
 
     rest_held, rest_plain = rest_task(held["id"]), rest_task(plain["id"])
-    assert set(rest_held) == set(mcp_held) == set(TaskSchema().fields)
-    assert set(rest_plain) == set(mcp_plain) == set(TaskSchema().fields) - {"external_id"}
+    # ``forgotten`` is present only on a forgotten task (tests/integration/test_forget.py).
+    shown = set(TaskSchema().fields) - {"forgotten"}
+    assert set(rest_held) == set(mcp_held) == shown
+    assert set(rest_plain) == set(mcp_plain) == shown - {"external_id"}
     assert rest_held == mcp_held
     assert rest_plain == mcp_updated  # the update answers the task as it now is
 
@@ -76,7 +78,7 @@ async def test_the_mcp_task_tools_publish_the_task_schema_as_their_output(
         output = listed[name].output_schema
         assert output is not None, name
         assert set(output["properties"]) == set(declared), name
-        assert set(output["required"]) == required == set(declared) - {"external_id"}
+        assert set(output["required"]) == required == set(declared) - {"external_id", "forgotten"}
     listing = listed["list_tasks"].output_schema
     assert listing is not None
     assert listing["properties"]["items"]["items"] == listed["get_task"].output_schema

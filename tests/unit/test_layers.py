@@ -26,7 +26,7 @@ LAYERS: tuple[tuple[tuple[str, ...], ...], ...] = (
     (("application",),),
     (("projections",),),
     (("creation",),),
-    (("services",), ("runtime",), ("bulk",)),
+    (("services",), ("runtime",), ("bulk",), ("erasure",)),
     (("webhooks",),),
     (("bootstrap",),),
     # MCP answers with the REST error contract through errors.http_status, not

@@ -27,6 +27,7 @@ commands = st.one_of(
     st.tuples(st.just("archive"), st.none()),
     st.tuples(st.just("clear_external_id"), st.none()),
     st.tuples(st.just("delete"), st.none()),
+    st.tuples(st.just("forget"), st.none()),
 )
 
 
@@ -40,6 +41,8 @@ def run(task: Task, command: str, argument: Any) -> None:
             task.update(argument)
         elif command == "clear_external_id":
             task.clear_external_id("op-1", "released")
+        elif command == "forget":
+            task.forget("erase-1", "art. 17", "token:t")
         else:
             getattr(task, command)()
     except DomainRuleBroken:

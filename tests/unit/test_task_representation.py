@@ -48,6 +48,8 @@ def tasks(draw: Any) -> Task:
             task.update({"title": draw(text)})
         if draw(st.booleans()):
             task.archive()
+    if draw(st.booleans()):
+        task.forget("erase-1", "art. 17", "token:t")
     return task
 
 
@@ -58,6 +60,9 @@ def test_the_dto_has_exactly_the_schema_fields(task: Task) -> None:
     if task.external_id is None:
         assert "external_id" not in dto  # omitted, never null
         declared.discard("external_id")
+    if not task.forgotten:
+        assert "forgotten" not in dto  # present (true) only once forgotten
+        declared.discard("forgotten")
     assert set(dto) == declared
     assert list(dto) == [name for name in TaskSchema().fields if name in dto]
 

@@ -1,4 +1,5 @@
-"""Task routes: create (the protocol), lookup, get, list, patch, archive, delete."""
+"""Task routes: create (the protocol), lookup, get, list, patch, archive, delete,
+forget."""
 
 from __future__ import annotations
 
@@ -44,6 +45,26 @@ class ReleaseResponseSchema(TaskSchema):
     operation_id = fields.String(required=True)
     released_external_id = fields.String(required=True)
     creation_complete = fields.Boolean(required=True)
+
+
+class ForgetRequestSchema(Schema):
+    reason = fields.String(
+        required=True,
+        metadata={
+            "description": "why (1-500 characters, one line), recorded in the Forgotten"
+            " event: never the values being erased",
+            "example": "GDPR art. 17 request 2026-118",
+        },
+    )
+
+
+class ForgetResponseSchema(Schema):
+    task_id = fields.UUID(required=True)
+    forgotten = fields.Boolean(required=True)
+    operation_id = fields.String(required=True, metadata={"description": "the first forget's"})
+    actor = fields.String(required=True, metadata={"description": "who forgot it"})
+    revision = fields.Integer(required=True)
+    reason = fields.String(metadata={"description": "this call's reason; absent on a replay"})
 
 
 class LookupResponseSchema(TaskSchema):
@@ -364,6 +385,44 @@ class TaskArchive(MethodView):
         agent run's credential revoked. No request body.
         """
         return services().tasks.archive(principal(), path_uuid(task_id, "task id"))
+
+
+@blp.route("/tasks/<task_id>/forget")
+class TaskForget(MethodView):
+    @blp.doc(
+        parameters=[
+            {
+                "name": "Idempotency-Key",
+                "in": "header",
+                "required": True,
+                "schema": {"type": "string"},
+                "description": "the stable operation id of this erasure",
+            }
+        ],
+        requestBody={
+            "required": True,
+            "content": {"application/json": {"schema": ForgetRequestSchema}},
+        },
+    )
+    @blp.response(200, ForgetResponseSchema)
+    @document_errors(blp, 400, 403, 404, 409, 422, 503)
+    def post(self, task_id: str) -> Any:
+        """Forget a task's free text (operator or admin)
+
+        Its title and description are erased from every event of the task and of its
+        identity (their data key is deleted: the events, chains, checkpoints and
+        proofs stay byte-identical), from the read models and from the feeds; they
+        read as `null` and the task as `forgotten: true`. A `Forgotten` event records
+        who, when, why and the request. Any task, deleted ones too. Again, with any
+        key: the first forget's answer (`Idempotent-Replayed: true`). A task created
+        before free text was sealed: 409 `task_not_sealed` (docs/auditing.md).
+        """
+        wanted = path_uuid(task_id, "task id")
+        body = json_object()
+        result = services().forgetting().forget(
+            principal(), wanted, body.get("reason"), request.headers.get("Idempotency-Key")
+        )
+        return result.body, 200, {"Idempotent-Replayed": "true" if result.replayed else "false"}
 
 
 def _if_match_revision() -> int | None:

@@ -28,6 +28,9 @@ ABORTED = "aborted"
 # The evidence of a step found unproven at the proof gate (recorded "unknown").
 PROOF_MISSING: dict[str, Any] = {"proof": "missing"}
 
+# The plan's free text, forgotten with its task (docs/auditing.md: Erasure).
+FORGETTABLE_PLAN_FIELDS = ("title", "description")
+
 OUTCOME_CREATED = "created"
 OUTCOME_CREATED_IDENTITY_LOST = "created_identity_lost"
 
@@ -275,6 +278,17 @@ class Identity(DirectEvents, Aggregate):
         self.trigger_event(self.Completed, tenure=tenure, outcome=outcome)
         return outcome
 
+    def forget_task(
+        self, task_id: uuid.UUID, operation_id: str, request_id: str | None = None
+    ) -> None:
+        """Record that ``task_id`` was forgotten, on each tenure it held."""
+        for number, tenure in sorted(self.tenures.items()):
+            if tenure.task_id == task_id:
+                self.trigger_event(
+                    self.Forgotten, tenure=number, task_id=task_id,
+                    operation_id=operation_id, request_id=request_id,
+                )  # fmt: skip
+
     def release(
         self,
         tenure: int,
@@ -493,6 +507,19 @@ class Identity(DirectEvents, Aggregate):
             tenure.released_by = self.actor
             if self.deletion_generation is not None:
                 tenure.deletion_generation = self.deletion_generation
+
+    class Forgotten(Aggregate.Event):
+        """The task of a tenure was forgotten (erasure/): its plan's free text
+        is gone from the aggregate, as from every read of its sealed Claimed."""
+
+        tenure: int
+        task_id: uuid.UUID
+        operation_id: str
+        request_id: str | None = None
+
+        def apply(self, aggregate: Identity) -> None:
+            tenure = aggregate.tenures[self.tenure]
+            tenure.plan = {**tenure.plan, **dict.fromkeys(FORGETTABLE_PLAN_FIELDS)}
 
     class WorkspaceDeletionRecorded(Aggregate.Event):
         tenure: int

@@ -19,9 +19,16 @@ TASK_ACTIVE = "active"
 TASK_ABORTED = "aborted"
 
 EDITABLE_FIELDS = ("title", "description", "workflow_step")
+# A task's free text: sealed in its events, gone once it is forgotten
+# (docs/auditing.md: Erasure).
+FORGETTABLE_FIELDS = ("title", "description")
 
 
 class Task(DirectEvents, Aggregate):
+    # True once forgotten (``forget``); None (left out of the DTO) before.
+    forgotten: bool | None = None
+    forgotten_by: str | None = None
+    forget_operation_id: str | None = None
     class Created(DirectInit, Aggregate.Created):
         workspace_id: uuid.UUID
         identity_id: uuid.UUID
@@ -108,6 +115,8 @@ class Task(DirectEvents, Aggregate):
         unknown = set(changes) - set(EDITABLE_FIELDS)
         if unknown:
             raise DomainRuleBroken(f"fields not editable: {sorted(unknown)}")
+        if self.forgotten and set(changes) & set(FORGETTABLE_FIELDS):
+            raise DomainRuleBroken("a forgotten task's free text is not written again")
         effective = {k: v for k, v in changes.items() if getattr(self, k) != v}
         if effective:
             self.trigger_event(self.Updated, changes=effective)
@@ -125,6 +134,18 @@ class Task(DirectEvents, Aggregate):
     def delete(self) -> None:
         self._require_live()
         self.trigger_event(self.Deleted)
+
+    def forget(
+        self, operation_id: str, reason: str, actor: str, request_id: str | None = None
+    ) -> None:
+        """Forget the task's free text (any task: a deleted one's events hold
+        it too). ``reason`` is the operator's, never the erased values."""
+        if self.forgotten:
+            raise DomainRuleBroken("task already forgotten")
+        self.trigger_event(
+            self.Forgotten, operation_id=operation_id, reason=reason, actor=actor,
+            request_id=request_id,
+        )  # fmt: skip
 
     def _require_live(self) -> None:
         if self.deleted or self.phase == TASK_ABORTED:
@@ -167,4 +188,21 @@ class Task(DirectEvents, Aggregate):
     class Deleted(Aggregate.Event):
         def apply(self, aggregate: Task) -> None:
             aggregate.deleted = True
+            aggregate.revision += 1
+
+    class Forgotten(Aggregate.Event):
+        """Who forgot the task's free text, why, and by which request; no
+        erased value. Its data key is deleted in the same save (erasure/)."""
+
+        operation_id: str
+        reason: str
+        actor: str
+        request_id: str | None = None
+
+        def apply(self, aggregate: Task) -> None:
+            for name in FORGETTABLE_FIELDS:
+                setattr(aggregate, name, None)
+            aggregate.forgotten = True
+            aggregate.forgotten_by = self.actor
+            aggregate.forget_operation_id = self.operation_id
             aggregate.revision += 1

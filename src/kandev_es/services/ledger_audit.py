@@ -29,6 +29,7 @@ from kandev_es_client import merkle
 from kandev_es_client.signed_note import Checkpoint, Keyring, NoteError, open_note
 
 from kandev_es.application import Tasks
+from kandev_es.services.ledger_forgotten import FORGOTTEN, ForgottenTask, forgotten_tasks
 from kandev_es.services.ledger_heads import signed_map_problems
 from kandev_es.storage import ledger as store
 from kandev_es.storage.database import Database
@@ -59,6 +60,8 @@ class LedgerReport:
     # The operators' re-anchor statements that verify (audit reanchor): what
     # explains a checkpoint of the history before a restore failing here.
     reanchors: list[str] = field(default_factory=list)
+    # The forgotten tasks (services/ledger_forgotten.py), each consistent or not.
+    forgotten: list[ForgottenTask] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -67,7 +70,9 @@ class LedgerReport:
     def to_dict(self) -> dict[str, Any]:
         return {"ok": self.ok, "events": self.events, "leaves": self.leaves,
                 "checkpoints": self.checkpoints,
-                "problems": [p.__dict__ for p in self.problems], "reanchors": self.reanchors}
+                "problems": [p.__dict__ for p in self.problems], "reanchors": self.reanchors,
+                "forgotten": [{**f.__dict__, "events": [list(e) for e in f.events]}
+                              for f in self.forgotten]}
 
 
 @dataclass(frozen=True)
@@ -361,7 +366,22 @@ def verify_ledger(
     _check_checkpoints(notes, _trees(leaves, computed), keyring, report, unlogged)
     report.problems.extend(Problem(None, None, line)
                            for line in signed_map_problems(notes, keyring, leaves))
+    _check_forgotten(app, events, report)
     return report
+
+
+def _check_forgotten(app: Tasks, events: list[_Event], report: LedgerReport) -> None:
+    """Each forgotten task: its key must be gone, and its sealed events are
+    reported consistent when no check above named their streams."""
+    tasks = [e.stream for e in events if e.topic == FORGOTTEN]
+    reader = app.keys.reader
+    kept = set(reader(tasks)) if tasks and reader is not None else set()
+    for task in sorted(kept, key=str):
+        report.problems.append(Problem(str(task), None, "forgotten, but its data key is still"
+                                       " stored (task_keys): its free text is readable"))
+    report.forgotten = forgotten_tasks(
+        events, [(p.stream, p.version) for p in report.problems], kept
+    )
 
 
 def _size(note: str) -> int:
@@ -375,6 +395,7 @@ def describe(report: LedgerReport) -> list[str]:
     head = (f"ledger: {report.events} events, {report.leaves} in the log, "
             f"{report.checkpoints} signed checkpoints checked")
     lines = [head, *(f"  {p.line()}" for p in report.problems)]
+    lines.extend(f"  {forgotten.line()}" for forgotten in report.forgotten)
     for statement in report.reanchors:
         lines.append(f"  note: an operator re-anchored the log after a restore: {statement};"
                      " a checkpoint of the history before it that fails above is of a"

@@ -13,7 +13,7 @@ from marshmallow import RAISE, Schema, ValidationError, fields, validate
 from kandev_es.application import Tasks
 from kandev_es.domain.identity import Identity
 from kandev_es.domain.principal import Principal
-from kandev_es.domain.task import TASK_ABORTED, TASK_PREPARING, Task
+from kandev_es.domain.task import FORGETTABLE_FIELDS, TASK_ABORTED, TASK_PREPARING, Task
 from kandev_es.domain.token import ApiToken, end_run, run_credential_id_of_task
 from kandev_es.domain.wip import WipLedger, wip_ledger_id
 from kandev_es.domain.workspace import Workspace
@@ -22,6 +22,7 @@ from kandev_es.errors import (
     ExternalIdImmutable,
     OperatorRequired,
     RevisionMismatch,
+    TaskForgotten,
     TaskNotFound,
     ValidationFailed,
 )
@@ -111,6 +112,8 @@ class TaskService:
             raise ValidationFailed("invalid task update", fields=error.messages) from None
 
         def update(task: Task) -> Task:
+            if task.forgotten and set(changes) & set(FORGETTABLE_FIELDS):
+                raise TaskForgotten("this task was forgotten: its free text is not written again")
             if "workflow_step" in changes:
                 workspace = self._app.load(task.workspace_id, Workspace)
                 steps = workspace.workflows.get(task.workflow, []) if workspace else []

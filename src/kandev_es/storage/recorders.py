@@ -398,6 +398,9 @@ class KandevPostgresRecorder(PostgresApplicationRecorder):
         self.notifier = SaveNotifier(self._notify)
         quoted_schema = '"' + self.datastore.schema.replace('"', '""') + '"'
         self._sequence_prefix = quoted_schema + "."
+        self._task_keys_sql = SQL(
+            "SELECT task_id, data_key FROM {0}.task_keys WHERE task_id = ANY(%b::uuid[])"
+        ).format(schema).as_string(None)
 
     @_save_retried_knowingly
     def insert_events(
@@ -592,6 +595,15 @@ class KandevPostgresRecorder(PostgresApplicationRecorder):
             statement += " ORDER BY originator_id, originator_version"
             self._select_streams_sql[count] = statement
         return statement
+
+    @_retry_once_after_pool_check
+    def select_task_keys(self, task_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, bytes]:
+        """The stored data keys of those of ``task_ids`` that have one (storage/sealing.py)."""
+        with _Pooled(self.datastore.pool) as conn:
+            rows = _tuples(conn).execute(
+                self._task_keys_sql, (pack_uuids(list(task_ids)),), prepare=True
+            ).fetchall()
+        return {uuid.UUID(str(row[0])): bytes.fromhex(row[1]) for row in rows}
 
     @_retry_once_after_pool_check
     def select_streams(self, since: Since) -> list[StoredEvent]:

@@ -41,6 +41,8 @@ SQLITE_DDL = (
     "CREATE UNIQUE INDEX IF NOT EXISTS feed_events_event_id ON feed_events (event_id)",
     "CREATE INDEX IF NOT EXISTS feed_events_workspace ON feed_events (workspace_id, position)",
     "CREATE TABLE IF NOT EXISTS feed_tasks (task_id TEXT PRIMARY KEY, dto TEXT NOT NULL)",
+    # Each task's data key (storage/sealing.py), deleted when the task is forgotten.
+    "CREATE TABLE IF NOT EXISTS task_keys (task_id TEXT PRIMARY KEY, data_key TEXT NOT NULL)",
     INLINE_DDL,
 )
 
@@ -68,6 +70,7 @@ POSTGRES_DDL = (
     "CREATE UNIQUE INDEX IF NOT EXISTS feed_events_event_id ON feed_events (event_id)",
     "CREATE INDEX IF NOT EXISTS feed_events_workspace ON feed_events (workspace_id, position)",
     "CREATE TABLE IF NOT EXISTS feed_tasks (task_id UUID PRIMARY KEY, dto TEXT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS task_keys (task_id UUID PRIMARY KEY, data_key TEXT NOT NULL)",
     INLINE_DDL,
 )
 

@@ -97,6 +97,16 @@ class KandevSQLiteRecorder(SQLiteApplicationRecorder):
         )
         return Settled(notifications, max(head, notifications[-1].id if notifications else 0))
 
+    def select_task_keys(self, task_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, bytes]:
+        """The stored data keys of those of ``task_ids`` that have one (storage/sealing.py)."""
+        marks = ", ".join("?" for _ in task_ids)
+        with self.datastore.transaction(commit=False) as c:
+            c.execute(
+                f"SELECT task_id, data_key FROM task_keys WHERE task_id IN ({marks})",
+                [str(task_id) for task_id in task_ids],
+            )
+            return {uuid.UUID(row[0]): bytes.fromhex(row[1]) for row in c.fetchall()}
+
     def select_streams(self, since: Since) -> list[StoredEvent]:
         one = (
             f"SELECT originator_id, originator_version, topic, state"

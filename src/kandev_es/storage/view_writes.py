@@ -136,6 +136,15 @@ WRITES: tuple[Write, ...] = (
         keys=("task_id",), updates=("dto",),
     ),
     Write("feed_tasks_gone", "feed_tasks", "delete", _TASK, keys=("task_id",)),
+    # Erasure (storage/sealing.py, erasure/): a new task's data key, stored
+    # with its first events; a forgotten task's key deleted and its earlier
+    # feed rows rewritten without its free text, with its Forgotten events.
+    Write("task_keys", "task_keys", "insert", (*_TASK, ("data_key", "text"))),
+    Write("task_keys_gone", "task_keys", "delete", _TASK, keys=("task_id",)),
+    Write(
+        "feed_forgotten", "feed_events", "update", (("position", "bigint"), ("data", "text")),
+        keys=("position",), updates=("data",),
+    ),
 )  # fmt: skip
 _BY_KEY = {write.key: write for write in WRITES}
 _SQLITE = {write.key: write.sqlite() for write in WRITES}

@@ -1,0 +1,227 @@
+"""Forgetting a task (issue 47; docs/auditing.md: Erasure), on both backends:
+its free text is gone from every read, read model and feed row; the stored
+events stay byte for byte; the identity, lookup, release and a rebuild all
+still work; and after the documented VACUUM steps the erased marker is found
+nowhere in the store (the SQLite files; PostgreSQL's dump and table files)."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import uuid
+from pathlib import Path
+
+from kandev_es.domain.task import Task
+from projections.rebuild import rebuild
+from tests.conftest import bearer, postgres_admin_url
+from tests.integration.helpers import create
+from tests.support.postgres import postgres_program
+
+MARKER = "Zebra-Marker-4711"
+
+
+def forget(client, secret, task_id, key="erase-1", reason="GDPR art. 17 request 118"):
+    return client.post(
+        f"/api/v1/tasks/{task_id}/forget",
+        json={"reason": reason},
+        headers={**bearer(secret), "Idempotency-Key": key},
+    )
+
+
+def all_stored(services):
+    return [
+        (n.id, n.topic, bytes(n.state))
+        for n in services.app.recorder.select_notifications(
+            start=0, limit=100_000, inclusive_of_start=False
+        )
+    ]
+
+
+def read_side(services, workspace, client, secret):
+    services.projections.catch_up()
+    with services.database.transaction() as tx:
+        feed = [
+            tuple(map(str, row))
+            for row in tx.execute(
+                "SELECT position, event_id, type, subject, timestamp, data FROM feed_events"
+                " ORDER BY position"
+            )
+        ]
+        tasks = [
+            tuple(map(str, row))
+            for row in tx.execute("SELECT task_id, revision, dto FROM tasks_view ORDER BY task_id")
+        ]
+    listed = client.get(f"/api/v1/workspaces/{workspace.id}/tasks", headers=bearer(secret)).json
+    return feed, tasks, listed
+
+
+def forgotten_task(client, services, member, operator):
+    """A task holding the marker in its title, description and an edit, forgotten."""
+    made = create(
+        client,
+        member[1],
+        external_id="ERASE-F",
+        title=f"{MARKER} title",
+        description=f"{MARKER} description",
+    )
+    assert made.status_code == 200, made.json
+    task_id = made.json["id"]
+    edit = client.patch(
+        f"/api/v1/tasks/{task_id}",
+        json={"description": f"{MARKER} again"},
+        headers=bearer(member[1]),
+    )
+    assert edit.status_code == 200, edit.json
+    before = all_stored(services)
+    answer = forget(client, operator[1], task_id)
+    assert answer.status_code == 200, answer.json
+    assert answer.headers["Idempotent-Replayed"] == "false"
+    assert answer.json["forgotten"] is True and answer.json["actor"].startswith("token:")
+    return task_id, before
+
+
+def test_a_forgotten_task_reads_forgotten_everywhere_and_its_events_are_unchanged(
+    client, services, workspace, member, operator
+):
+    task_id, before = forgotten_task(client, services, member, operator)
+    after = all_stored(services)
+    assert after[: len(before)] == before  # every stored byte as it was
+    added = [topic.rsplit(".", 1)[-1] for _, topic, _ in after[len(before) :]]
+    assert sorted(added) == ["Forgotten", "Forgotten"]  # the task's and its identity's
+    assert all(MARKER.encode() not in state for _, _, state in after)
+
+    got = client.get(f"/api/v1/tasks/{task_id}", headers=bearer(member[1]))
+    assert (got.json["title"], got.json["description"], got.json["forgotten"]) == (None, None, True)
+    feed, tasks, listed = read_side(services, workspace, client, member[1])
+    assert MARKER not in repr((feed, tasks, listed))
+    assert feed[-1][2] == "task.updated" and '"forgotten": true' in feed[-1][5]
+    events = client.get(f"/api/v1/workspaces/{workspace.id}/events", headers=bearer(member[1]))
+    assert events.status_code == 200 and MARKER not in events.get_data(as_text=True)
+
+    # The identity keeps working: a retry is Found, its free text shown as forgotten.
+    again = create(client, member[1], external_id="ERASE-F", title="new words")
+    assert again.status_code == 200 and again.json["id"] == task_id
+    assert (again.json["title"], again.json.get("forgotten")) == (None, True)
+    refused = client.patch(
+        f"/api/v1/tasks/{task_id}", json={"title": "x"}, headers=bearer(member[1])
+    )
+    assert refused.status_code == 409 and refused.json["error"] == "task_forgotten"
+
+
+def test_forget_is_idempotent_operator_only_and_typed(
+    client, services, workspace, member, operator
+):
+    task_id, _ = forgotten_task(client, services, member, operator)
+    replay = forget(client, operator[1], task_id, key="erase-2")
+    assert replay.status_code == 200 and replay.headers["Idempotent-Replayed"] == "true"
+    assert replay.json["operation_id"] == "erase-1"
+    other = create(client, member[1], title="kept").json["id"]
+    stored = all_stored(services)
+    assert forget(client, member[1], other).status_code == 403
+    no_key = client.post(
+        f"/api/v1/tasks/{other}/forget", json={"reason": "r"}, headers=bearer(operator[1])
+    )
+    assert no_key.status_code == 400 and no_key.json["error"] == "idempotency_key_required"
+    assert forget(client, operator[1], other, reason=" ").status_code == 422
+    assert forget(client, operator[1], uuid.uuid4()).status_code == 404
+    assert all_stored(services) == stored  # nothing written by a refusal
+
+
+def test_release_history_and_rebuild_work_on_a_forgotten_task(
+    client, services, workspace, member, operator, cli
+):
+    task_id, _ = forgotten_task(client, services, member, operator)
+    history = cli(
+        "identity",
+        "history",
+        "--workspace",
+        str(workspace.id),
+        "--external-id",
+        "ERASE-F",
+        "--json",
+    )
+    assert history.exit_code == 0, history.output
+    assert MARKER not in history.output and "Forgotten" in history.output
+    released = client.delete(
+        f"/api/v1/workspaces/{workspace.id}/tasks/by-external-id?external_id=ERASE-F",
+        headers={**bearer(operator[1]), "Idempotency-Key": "rel-1"},
+    )
+    assert released.status_code == 200, released.json
+    assert released.json["title"] is None
+    live = read_side(services, workspace, client, member[1])
+    for name in ("tasks", "identities", "feeds"):
+        rebuild(services.projections, name, batch_size=3)
+    assert read_side(services, workspace, client, member[1]) == live
+    services.app.keys.forget(uuid.UUID(task_id))
+    assert services.app.load(uuid.UUID(task_id), Task).title is None
+
+
+def test_the_marker_is_nowhere_in_the_store_after_the_documented_steps(
+    client, services, settings, workspace, member, operator
+):
+    forgotten_task(client, services, member, operator)
+    services.close()
+    if settings.postgres is None:
+        with sqlite3.connect(settings.sqlite_path) as connection:  # docs/operations.md: Erasure
+            connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            connection.execute("VACUUM")
+            connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        files = [p for p in Path(settings.data_dir).rglob("*") if p.is_file()]
+        assert settings.sqlite_path in files
+        for path in files:
+            assert MARKER.encode() not in path.read_bytes(), path
+        return
+    schema = settings.postgres.schema
+    dump = subprocess.run(
+        [
+            postgres_program("pg_dump"),
+            "--no-owner",
+            "--schema",
+            schema,
+            "-d",
+            settings.postgres.conninfo,
+        ],
+        capture_output=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    assert b"task_keys" in dump and b"feed_events" in dump
+    assert MARKER.encode() not in dump
+    for path in table_files(schema):
+        assert MARKER.encode() not in path.read_bytes(), path
+
+
+def table_files(schema):
+    """Each table's (and TOAST table's) files in the schema after the
+    documented VACUUM FULL, flushed to disk by a CHECKPOINT."""
+    import psycopg
+
+    with psycopg.connect(postgres_admin_url(), autocommit=True) as connection:
+        tables = [
+            row[0]
+            for row in connection.execute(
+                "SELECT format('%%I.%%I', schemaname, tablename) FROM pg_tables"
+                " WHERE schemaname = %s",
+                (schema,),
+            )
+        ]
+        for table in tables:
+            connection.execute(f"VACUUM FULL {table}")
+        connection.execute("CHECKPOINT")
+        directory = Path(connection.execute("SHOW data_directory").fetchone()[0])
+        paths = connection.execute(
+            "SELECT pg_relation_filepath(c.oid) FROM pg_class c"
+            " JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s"
+            " AND c.relkind IN ('r', 't') UNION SELECT pg_relation_filepath(c.reltoastrelid)"
+            " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE n.nspname = %s AND c.reltoastrelid <> 0",
+            (schema, schema),
+        ).fetchall()
+    found = [directory / row[0] for row in paths if row[0]]
+    assert len(found) >= len(tables)
+    return [
+        p
+        for base in found
+        for p in [base, *base.parent.glob(base.name + ".*")]
+        if p.is_file() and not p.name.endswith(("_fsm", "_vm"))
+    ]
