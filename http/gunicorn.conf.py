@@ -30,10 +30,14 @@ Bounds from the environment (docs/security.md: Input limits and streams):
 On the embedded SQLite default there is a single writer: prefer
 `kandev-es serve`, or set KANDEV_WORKERS=1.
 
-Each worker starts a projection thread (create_app starts one), but only one
-process per database runs its passes, the holder of a lock; the others take
-over when it dies (projections/leadership.py). `kandev-es projections run`
-beside the workers can be that process.
+Background work (the projection loop, the ledger sequencer, the recovery
+Runtime, the webhook deliverer) runs in ONE process beside the workers, not in
+them: the master's `when_ready` starts `kandev-es background`, starts it again
+if it dies, and `on_exit` stops it (src/kandev_es/background/supervisor.py).
+This file sets KANDEV_BACKGROUND=process unless it is set: `external` starts
+none (run `kandev-es background` yourself, e.g. under systemd), `threads` runs
+the loops in every worker instead. Each loop leads by a lock of its own, so
+several nodes (or processes) still have one leader per role.
 
 Workers share their /metrics values through files in `<KANDEV_DATA_DIR>/metrics`
 (prometheus_client's multiprocess mode): `on_starting` wipes and names it before
@@ -68,18 +72,26 @@ def _int_env(name: str, default: int) -> int:
 
 # Workers never create tables; `kandev-es db init` does, once.
 os.environ.setdefault("KANDEV_CREATE_TABLES", "n")
+# One background process beside the workers (the master starts it); the workers,
+# which inherit this, run no background work themselves (create_app()).
+os.environ.setdefault("KANDEV_BACKGROUND", "process")
+loglevel = (os.environ.get("KANDEV_LOG_LEVEL") or "info").lower()
 
 bind = os.environ.get("KANDEV_BIND") or "127.0.0.1:8000"
 # What `kandev-es serve` sets too: worker class (http_worker.py, bound to these
 # settings), request threads plus one per capped SSE stream (docs/security.md:
 # Input limits and streams), the redacting access log on stdout, timeouts, and the
-# metrics hooks on_starting and child_exit. gunicorn reads this module's names as its settings.
+# metrics hooks on_starting and child_exit, the background process's when_ready and
+# on_exit. gunicorn reads this module's names as its settings.
 # (gunicorn's keepalive does not apply: KANDEV_IDLE_TIMEOUT closes idle connections.)
 try:
     workers = _int_env("KANDEV_WORKERS", 2 * multiprocessing.cpu_count())
     globals().update(
         gunicorn_settings(
-            load_settings(), _int_env("KANDEV_THREADS", 8), timeout=_int_env("KANDEV_TIMEOUT", 60)
+            load_settings(),
+            _int_env("KANDEV_THREADS", 8),
+            timeout=_int_env("KANDEV_TIMEOUT", 60),
+            log_level=loglevel,
         )
     )
 except InvalidSetting as error:
@@ -88,7 +100,6 @@ except InvalidSetting as error:
     print(f"Error: {error.message}", file=sys.stderr)
     raise SystemExit(2) from None
 errorlog = "-"  # gunicorn's own log on stderr
-loglevel = (os.environ.get("KANDEV_LOG_LEVEL") or "info").lower()
 
 
 def post_fork(server: object, worker: object) -> None:

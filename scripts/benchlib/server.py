@@ -45,13 +45,20 @@ def environment(url: str, data_dir: Path, **extra: str) -> dict[str, str]:
     return env
 
 
+KANDEV_APP = ("kandev_es.api:create_app()",)
+
+
 class Gunicorn:
     """gunicorn with ``config`` (http/gunicorn.conf.py), or with none and
-    ``options`` on its command line instead."""
+    ``options`` on its command line instead. Serving kandev-es with the config,
+    its master also starts the node's background process (projections, ledger
+    sequencer, Runtime, webhook deliverer: docs/operations.md, What runs where),
+    so a measurement includes that work as a deployment has it; another app
+    (the CRUD peer) gets none (KANDEV_BACKGROUND=external)."""
 
     def __init__(
         self, env: dict[str, str], workers: int, log: Path,
-        app: tuple[str, ...] = ("kandev_es.api:create_app()",),
+        app: tuple[str, ...] = KANDEV_APP,
         config: Path | None = REPO / "http" / "gunicorn.conf.py",
         options: tuple[str, ...] = (),
         python: str = sys.executable,
@@ -60,6 +67,8 @@ class Gunicorn:
         self.port = free_port()
         self.workers = workers
         env = {**env, "KANDEV_BIND": f"127.0.0.1:{self.port}", "KANDEV_WORKERS": str(workers)}
+        if app != KANDEV_APP:
+            env.setdefault("KANDEV_BACKGROUND", "external")
         self.log = log
         configured = ("-c", str(config)) if config is not None else ()
         options = tuple(arg.format(port=self.port) for arg in options)

@@ -25,6 +25,7 @@ from kandev_es.cli_usage import (
     SECONDS,
     UUID_ARGUMENT,
     OneLineUsage,
+    existing_store,
     name_store,
     open_store,
     require_free_address,
@@ -64,7 +65,7 @@ class SettingError(click.ClickException):
     "--log-level",
     default=None,
     type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
-    help="default from KANDEV_LOG_LEVEL, else WARNING (INFO for serve)",
+    help="default from KANDEV_LOG_LEVEL, else WARNING (INFO for serve and background)",
 )
 @click.pass_context
 def main(ctx: click.Context, log_level: str | None) -> None:
@@ -78,7 +79,7 @@ def main(ctx: click.Context, log_level: str | None) -> None:
     except InvalidSetting as error:
         raise SettingError(error.message) from None
     # One-shot commands stay quiet unless asked; the server logs its operation.
-    quiet = "INFO" if ctx.invoked_subcommand == "serve" else "WARNING"
+    quiet = "INFO" if ctx.invoked_subcommand in ("serve", "background") else "WARNING"
     level = log_level or settings.log_level or quiet
     # Text or JSON lines (KANDEV_LOG_FORMAT), redacted, with each request's id.
     logs.configure(level, settings.log_format)
@@ -298,6 +299,31 @@ def runtime(once: bool, poll: float, parked: bool) -> None:
         pass
     finally:
         services.close()
+
+
+@main.command(short_help="Run the background work: projections, ledger, Runtime, webhooks.")
+@click.option(
+    "--agent-api-url", metavar="URL", default=None,
+    help="the API's URL for the agents the Runtime launches [default: from KANDEV_BIND, else"
+    " http://127.0.0.1:8000]",
+)
+@click.option("--parent", type=int, default=None, hidden=True,
+              help="stop once the process with this pid is no longer the parent")
+@store_options
+def background(agent_api_url: str | None, parent: int | None) -> None:
+    """Run the node's background work in this process until SIGTERM: the
+    projection loop, the ledger sequencer, the recovery Runtime (unless
+    KANDEV_RUNTIME_IN_PROCESS=n) and the webhook deliverer (unless
+    KANDEV_WEBHOOKS_IN_PROCESS=false). `serve` starts one itself; run this one
+    (e.g. under systemd) beside web workers started with KANDEV_BACKGROUND=external.
+    Each loop leads by a lock of its own: any number of these processes
+    work as one per database. Logs at INFO."""
+    from kandev_es.background.process import run
+
+    settings = existing_store()
+    if agent_api_url:
+        settings = settings.with_overrides(agent_api_url=agent_api_url)
+    run(settings, parent)
 
 
 @main.command(short_help="Run the API (embedded SQLite; PostgreSQL with KANDEV_DATABASE_URL).")

@@ -169,6 +169,12 @@ def name_store(settings: Settings) -> None:
 def open_store(create_tables: bool = False) -> Services:
     """The services over an existing store, named on stderr. A place with no
     store is one line and exit 1, and nothing is created there."""
+    return bootstrap(existing_store(create_tables))
+
+
+def existing_store(create_tables: bool = False) -> Settings:
+    """The settings of an existing store, named on stderr (``open_store``
+    without opening it)."""
     settings = store_settings(create_tables=create_tables)
     if not store_exists(settings):
         raise click.ClickException(
@@ -177,7 +183,7 @@ def open_store(create_tables: bool = False) -> Services:
             "or create one with 'kandev-es db init'"
         )
     name_store(settings)
-    return bootstrap(settings)
+    return settings
 
 
 class _Uuid(click.types.UUIDParameterType):

@@ -70,8 +70,16 @@ class Settings:
     agent_api_url: str | None = "http://127.0.0.1:8000"
     # "<step>:<before|after>": SIGKILL this process once at that boundary (crash tests).
     failpoint: str | None = None
-    # `serve` also runs the recovery Runtime in its workers (several are safe).
+    # The background work (background/) includes the recovery Runtime; off, it
+    # is left to a separate `kandev-es runtime`.
     runtime_in_process: bool = True
+    # Where a server's background work runs (KANDEV_BACKGROUND, BACKGROUND_LAYOUTS):
+    # "process", one `kandev-es background` per node that `serve` and
+    # http/gunicorn.conf.py start beside the web workers; "threads", in every
+    # web worker; "external", neither (an operator runs `kandev-es background`).
+    # "" (unset): "process" under serve and gunicorn.conf.py, "threads" for
+    # create_app() in any other WSGI server (as before the process existed).
+    background: str = ""
     # "y" pings each pooled connection before use (one more round trip per load);
     # off, a dead connection fails its query and the event store retries it.
     pg_pre_ping: str = "n"
@@ -133,6 +141,8 @@ class Settings:
     webhook_timeout: float = 15.0
     webhook_secret_overlap: float = 24 * 3600.0
     webhook_key_file: Path | None = None
+    # The background work includes the webhook deliverer; off, it is left to a
+    # separate `kandev-es webhook deliver`.
     webhooks_in_process: bool = True
 
     @property
@@ -184,6 +194,23 @@ def _flag(value: str | None, default: bool) -> bool:
 
 LOG_FORMATS = ("text", "json")
 TRACE_EXPORTERS = ("otlp", "console")
+
+
+BACKGROUND_LAYOUTS = ("process", "threads", "external")
+
+
+def _background(env: Mapping[str, str]) -> dict[str, Any]:
+    """Where the background work runs, and whether it includes the Runtime
+    (the webhook deliverer's switch is with the webhook settings)."""
+    value = (env.get("KANDEV_BACKGROUND") or "").strip().lower()
+    if value and value not in BACKGROUND_LAYOUTS:
+        raise InvalidSetting(
+            f"KANDEV_BACKGROUND must be process, threads or external, got {_shown(value)}"
+        )
+    return {
+        "background": value,
+        "runtime_in_process": _flag(env.get("KANDEV_RUNTIME_IN_PROCESS"), True),
+    }
 
 
 def _log_format(env: Mapping[str, str]) -> str:
@@ -522,7 +549,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         # http/gunicorn.conf.py binds to KANDEV_BIND (default 127.0.0.1:8000).
         agent_api_url=bind_url(env.get("KANDEV_BIND") or "127.0.0.1:8000"),
         failpoint=env.get("KANDEV_FAILPOINT") or None,
-        runtime_in_process=_flag(env.get("KANDEV_RUNTIME_IN_PROCESS"), True),
+        **_background(env),
         pg_pre_ping="y" if _flag(env.get("KANDEV_PG_PRE_PING"), False) else "n",
         pg_connect_timeout=_int(env, "KANDEV_PG_CONNECT_TIMEOUT", 1),
         max_streams=_int(env, "KANDEV_MAX_STREAMS", 32),

@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from kandev_es import metrics
+from kandev_es.background import supervisor
 from kandev_es.config import Settings, served_url_file
 
 TOKEN_HOWTO = "make a token with `kandev-es token create --admin` (or `--workspace NAME`)"
@@ -68,13 +69,27 @@ def _say(settings: Settings, line: str) -> None:
         click.echo(line, err=True)
 
 
-def gunicorn_settings(settings: Settings, threads: int, timeout: int = 60) -> dict[str, Any]:
+def background_layout(settings: Settings) -> str:
+    """Where this server's background work runs (config.Settings.background):
+    unset, in one background process beside the web workers."""
+    return settings.background or "process"
+
+
+def gunicorn_settings(
+    settings: Settings, threads: int, timeout: int = 60, log_level: str | None = None
+) -> dict[str, Any]:
     """The gunicorn settings `kandev-es serve` and http/gunicorn.conf.py share:
-    `threads` request threads per worker, hooks, logging."""
+    `threads` request threads per worker, hooks, logging; with the background
+    process (KANDEV_BACKGROUND unset or process), the master's hooks that start
+    it (at ``log_level``) and stop it (background/supervisor.py)."""
     # Imported here: the master needs it only when it starts (not for the CLI's --help).
     from kandev_es.http_worker import worker_class
 
+    hooks = {}
+    if background_layout(settings) == "process":
+        hooks = supervisor.hooks(settings, log_level)
     return {
+        **hooks,
         # gunicorn supervises, waitress serves: a request reaches a thread only
         # once it has fully arrived, within bounded times (http_worker.py).
         "worker_class": worker_class(settings),
@@ -103,13 +118,17 @@ def run_server(settings: Settings, host: str, port: int, workers: int | None, th
 
     # SQLite has one writer: one worker process with threads. PostgreSQL scales out.
     worker_count = workers or (2 if settings.backend == "postgres" else 1)
+    # The background process logs at serve's level (`kandev-es --log-level debug serve`).
+    log_level = logging.getLevelName(logging.getLogger().level)
+    # Web workers run the background work only in the "threads" layout.
+    in_workers = background_layout(settings) == "threads"
 
     class _Gunicorn(BaseApplication):  # type: ignore[misc]
         def load_config(self) -> None:
             options = {
                 "bind": f"{host}:{port}",
                 "workers": worker_count,
-                **gunicorn_settings(settings, threads),
+                **gunicorn_settings(settings, threads, log_level=log_level),
             }
             for key, value in options.items():
                 self.cfg.set(key, value)
@@ -117,7 +136,7 @@ def run_server(settings: Settings, host: str, port: int, workers: int | None, th
         def load(self) -> Any:
             from kandev_es.api import create_app
 
-            return create_app(settings)
+            return create_app(settings, run_projections=in_workers)
 
     _Gunicorn().run()
 

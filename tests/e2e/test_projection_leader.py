@@ -1,12 +1,14 @@
 """One projection loop per database across real processes (docs/operations.md:
-"One projection loop per database"): a `kandev-es serve --workers 2` has
-exactly one leading worker, seen three ways — each worker's own
-`kandev_projection_leader` value in the run's metrics directory, the scrape's
-sum, and the lock itself (PostgreSQL: the advisory lock in pg_locks, held by
-the session named after the worker; SQLite: the flock in /proc/locks). A
-SIGKILLed leader is replaced and new creates still reach the feed; a
-`kandev-es projections run` process beside a server is the one leader, and the
-server takes over when it dies. Both backends."""
+"One projection loop per database"): a `kandev-es serve --workers 2` whose
+workers run the loop themselves (KANDEV_BACKGROUND=threads) has exactly one
+leading worker, seen three ways — each worker's own `kandev_projection_leader`
+value in the run's metrics directory, the scrape's sum, and the lock itself
+(PostgreSQL: the advisory lock in pg_locks, held by the session named after the
+worker; SQLite: the flock in /proc/locks). A SIGKILLed leader is replaced and
+new creates still reach the feed; a `kandev-es projections run` process beside
+a server is the one leader, and the server's background process takes over
+when it dies. Both backends. (The default layout, one background process per
+serve: tests/e2e/test_background_process.py.)"""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kandev_es.config import Settings, metrics_dir
 from tests.support.leader import lock_holders
-from tests.support.load import sigkill, wait_for_workers
+from tests.support.load import background_pids, sigkill, wait_for_background, wait_for_workers
 from tests.support.served import Launched, ServedProcess, http, run_cli
 
 WAIT_S = 30.0
@@ -102,7 +104,8 @@ def leading_workers(settings: Settings, workers: list[int]) -> list[int] | None:
 def test_two_workers_have_one_leader_and_a_killed_leader_is_replaced(
     settings: Settings, tmp_path: Path
 ):
-    with ServedProcess(settings, tmp_path, workers=2) as server:
+    with ServedProcess(settings, tmp_path, workers=2, KANDEV_BACKGROUND="threads") as server:
+        assert background_pids(server.process.pid) == []
         workers = wait_for_workers(server.process.pid, 2)
         # Every worker made its instruments, then started its loop; once a create
         # has been projected, every loop has asked for the lead at least once.
@@ -138,6 +141,7 @@ def test_a_projections_run_process_beside_a_server_is_the_one_leader(
         with ServedProcess(settings, tmp_path, workers=2) as server:
             workers = wait_for_workers(server.process.pid, 2)
             _wait_for("both gauges", lambda: leading_workers(settings, workers) is not None)
+            background = wait_for_background(server.process.pid)
             projected(server, create(server, "BESIDE-1"))  # by the projections process
             assert leading_workers(settings, workers) == []
             assert scraped_leaders(server) == 0
@@ -146,6 +150,7 @@ def test_a_projections_run_process_beside_a_server_is_the_one_leader(
             assert sigkill(loop.pid)
             loop.wait(10)
             projected(server, create(server, "BESIDE-2"))
-            holders = _wait_for("a worker holds the lock", lambda: lock_holders(settings))
-            assert len(holders) == 1 and holders[0] in workers, (holders, workers)
+            holders = _wait_for("the server leads", lambda: lock_holders(settings))
+            assert holders == [background], (holders, workers)
             assert _wait_for("one leader in the server", lambda: scraped_leaders(server) == 1)
+            assert leading_workers(settings, workers) == []

@@ -170,6 +170,14 @@ def _quiet(receiver: Receiver, seconds: float, bound: float = 40.0) -> int:
     raise AssertionError(f"spans kept coming: {[s.name for s in receiver.spans[-20:]]}")
 
 
+def _leading(server: ServedProcess, bound: float = 40.0) -> None:
+    """Until the server's background process leads the projection loop (its log line)."""
+    deadline = time.monotonic() + bound
+    while "this process leads the projection loop" not in server.output():
+        assert time.monotonic() < deadline, server.log()
+        time.sleep(0.1)
+
+
 def test_background_work_is_one_span_when_it_does_something_and_none_when_it_looks(
     settings, tmp_path, receiver
 ):
@@ -187,7 +195,10 @@ def test_background_work_is_one_span_when_it_does_something_and_none_when_it_loo
         OTEL_BSP_SCHEDULE_DELAY="100",
     )
     try:
-        started = _quiet(receiver, 2.0)  # the first start's events projected and sequenced
+        # The background process starts beside the workers, maybe after /healthz
+        # answers: once it leads, the first start's events projected and sequenced.
+        _leading(server)
+        started = _quiet(receiver, 2.0)
         time.sleep(IDLE_S)
         idle = receiver.spans[started:]
         assert len(idle) <= 1, [(s.name, s.parent_span_id) for s in idle]

@@ -13,6 +13,7 @@ import pytest
 
 from kandev_es.config import Settings
 from tests.hostile.test_request_limits import raw_answer, settled_rss_kb, worker_rss_kb
+from tests.support.load import worker_pids
 from tests.support.served import ServedProcess, http
 
 ITEMS = 1000
@@ -34,8 +35,7 @@ def big_batch(workspace_id: str | None = None) -> bytes:
 
 def worker_peak_kb(server: ServedProcess) -> int:
     """The one worker's peak resident memory so far (VmHWM)."""
-    children = Path(f"/proc/{server.process.pid}/task/{server.process.pid}/children")
-    (worker,) = children.read_text().split()
+    (worker,) = worker_pids(server.process.pid)  # not the background process beside it
     for line in Path(f"/proc/{worker}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
             return int(line.split()[1])

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from kandev_es.config import Settings
+from tests.support.load import worker_pids
 from tests.support.served import ServedProcess, http
 
 BODIES = 200
@@ -60,8 +61,7 @@ def test_heads_over_each_bound_are_refused_with_json_errors(served: ServedProces
 
 def worker_rss_kb(server: ServedProcess) -> int:
     """The one worker's resident memory (serve on SQLite: one worker process)."""
-    children = Path(f"/proc/{server.process.pid}/task/{server.process.pid}/children")
-    (worker,) = children.read_text().split()
+    (worker,) = worker_pids(server.process.pid)  # not the background process beside it
     for line in Path(f"/proc/{worker}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
             return int(line.split()[1])

@@ -10,7 +10,7 @@ import logging
 import pytest
 
 from kandev_es.api import create_app
-from kandev_es.api.app import _start_webhooks
+from kandev_es.background.work import _start_webhooks
 from kandev_es.bootstrap import bootstrap
 from tests.conftest import bearer
 
@@ -25,8 +25,8 @@ def keyless(settings, tmp_path):
 
 
 def test_a_node_without_the_webhook_key_starts_and_delivers_nothing(keyless, caplog):
-    with caplog.at_level(logging.ERROR, logger="kandev_es.api"):
-        _start_webhooks(keyless)
+    with caplog.at_level(logging.ERROR, logger="kandev_es.background"):
+        assert _start_webhooks(keyless) is None  # no thread
     assert "delivers no webhooks" in caplog.text
     assert "KANDEV_WEBHOOK_KEY_FILE" in caplog.text
     assert keyless.webhooks._deliverer is None  # never built, so never leads

@@ -233,8 +233,8 @@ def summary(attempts: list[Attempt]) -> dict[str, Any]:
     }
 
 
-def worker_pids(master_pid: int) -> list[int]:
-    """The gunicorn workers: the master's direct children (Linux /proc)."""
+def children_of(master_pid: int) -> list[int]:
+    """The master's direct children (Linux /proc)."""
     children: set[int] = set()
     for task in Path(f"/proc/{master_pid}/task").glob("*"):
         try:
@@ -242,6 +242,40 @@ def worker_pids(master_pid: int) -> list[int]:
         except (OSError, ValueError):
             continue
     return sorted(children)
+
+
+def is_background(pid: int) -> bool:
+    """Whether ``pid`` is a `kandev-es background` process (the one the master
+    starts beside its workers: background/supervisor.py)."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return b"kandev_es.cli" in argv and b"background" in argv
+
+
+def worker_pids(master_pid: int) -> list[int]:
+    """The gunicorn workers: the master's direct children but its background process."""
+    return [pid for pid in children_of(master_pid) if not is_background(pid)]
+
+
+def background_pids(master_pid: int) -> list[int]:
+    """The master's background processes (one, while it runs)."""
+    return [pid for pid in children_of(master_pid) if is_background(pid)]
+
+
+def wait_for_background(
+    master_pid: int, exclude: Iterable[int] = (), timeout: float = 30.0
+) -> int:
+    """The master's one background process, once there is one not in ``exclude``."""
+    gone = set(exclude)
+    deadline = time.monotonic() + timeout
+    while True:
+        pids = [p for p in background_pids(master_pid) if p not in gone]
+        if len(pids) == 1:
+            return pids[0]
+        assert time.monotonic() < deadline, f"background processes {pids}, wanted one"
+        time.sleep(0.05)
 
 
 def wait_for_workers(

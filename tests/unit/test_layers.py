@@ -29,6 +29,9 @@ LAYERS: tuple[tuple[tuple[str, ...], ...], ...] = (
     (("services",), ("runtime",), ("bulk",), ("erasure",)),
     (("webhooks",),),
     (("bootstrap",),),
+    # A node's background work over the services; api/ starts it in threads
+    # (KANDEV_BACKGROUND=threads), the CLI runs it as a process, serve supervises it.
+    (("background",),),
     # MCP answers with the REST error contract through errors.http_status, not
     # through api/ (which would build the whole Flask app): the two never import
     # each other.

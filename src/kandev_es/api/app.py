@@ -3,8 +3,6 @@ named function. No application object is built at import time."""
 
 from __future__ import annotations
 
-import logging
-
 from flask import Flask, Response, request
 from flask_smorest import Api
 
@@ -26,23 +24,26 @@ from kandev_es.api import (
     workspaces,
 )
 from kandev_es.api.context import EXTENSION_KEY
+from kandev_es.background import work
 from kandev_es.bootstrap import Services, bootstrap
 from kandev_es.config import Settings, load_settings
-from kandev_es.errors import NO_STORE, WebhookKeyMissing
+from kandev_es.errors import NO_STORE
 from kandev_es.limits import check_query_string, parse_cursor
 from kandev_es.observability import serving, tracing
 from kandev_es.observability.middleware import with_request_ids
 from kandev_es.services.stream_slots import StreamSlots
-
-log = logging.getLogger("kandev_es.api")
 
 
 def create_app(
     settings: Settings | None = None,
     services: Services | None = None,
     *,
-    run_projections: bool = True,
+    run_projections: bool | None = None,
 ) -> Flask:
+    """The app over ``services`` (made from ``settings`` if not given).
+    ``run_projections``: whether this process also runs the background work in
+    threads (background/work.py); None, as KANDEV_BACKGROUND says: not where a
+    background process does it (`serve`, http/gunicorn.conf.py), else yes."""
     settings = settings or (services.settings if services else load_settings())
     # Before the store's pools connect: psycopg's instrumentation traces the
     # connections made after it (observability/tracing.py).
@@ -61,13 +62,10 @@ def create_app(
     app.register_blueprint(audit_page.blp)
     errors.register(app)
     _follow_requests(app)
+    if run_projections is None:
+        run_projections = settings.background in ("", "threads")
     if run_projections:
-        services.projections.start_thread(settings.projection_poll_seconds)
-        services.ledger.start_thread()  # one sequencer per database leads (services/ledger.py)
-        if settings.runtime_in_process:
-            _start_runtime(services)
-        if settings.webhooks_in_process:
-            _start_webhooks(services)
+        work.start(services)  # each loop leads by its own lock: one per database works
     return app
 
 
@@ -171,28 +169,3 @@ def _no_store(response: Response) -> Response:
     if not (request.endpoint or "").endswith("static"):
         response.headers[NO_STORE[0]] = NO_STORE[1]
     return response
-
-
-def _start_webhooks(services: Services) -> None:
-    """A background thread, never a request's: one process per database
-    delivers. A node without the deployment's webhook key delivers nothing
-    (and so never takes the lead from one that has it)."""
-    try:
-        deliverer = services.webhooks.deliverer()
-    except WebhookKeyMissing as error:
-        log.error("webhooks: this process delivers no webhooks: %s", error.message)
-        return
-    deliverer.start_thread()
-
-
-def _start_runtime(services: Services) -> None:
-    """Recover creations whose owner died; the event store fences competing runtimes."""
-    import threading
-
-    runtime = services.runtime()
-    threading.Thread(
-        target=runtime.run_forever,
-        args=(max(1.0, services.settings.lease_seconds / 4),),
-        name="runtime",
-        daemon=True,
-    ).start()
