@@ -177,6 +177,25 @@ def public_key() -> None:
     _run(lambda services: click.echo(services.webhooks.public_key()))
 
 
+@click.command("rotate-key", short_help="Make a new v1a signing key (the old one overlaps).")
+@click.option(
+    "--overlap",
+    type=click.FloatRange(min=0),
+    default=None,
+    metavar="SECONDS",
+    help="how long the old key signs beside the new one (default"
+    " KANDEV_WEBHOOK_SECRET_OVERLAP, 24 h; 0: it stops now)",
+)
+@store_options
+def rotate_key(overlap: float | None) -> None:
+    """A new Ed25519 key signs every webhook's v1a entry from now on; the old
+    one signs beside it for the overlap, so receivers verify with the published
+    keyring alone while they fetch the new key. Running processes sign with it
+    within a second; copy the key file to every other node's
+    KANDEV_WEBHOOK_KEY_FILE within the overlap. Prints the keyring (JSON)."""
+    _run(lambda services: _emit({"keys": services.webhooks.rotate_key(overlap)}))
+
+
 @click.command("deliver")
 @store_options
 def deliver() -> None:
@@ -194,7 +213,8 @@ def deliver() -> None:
 
 def register(main: click.Group) -> None:
     group = click.Group("webhook", help="Webhook subscriptions and their delivery (operators).")
-    for command in (create, list_, replay, rotate_secret, deliveries, public_key, deliver):
+    commands = (create, list_, replay, rotate_secret, rotate_key, deliveries, public_key, deliver)
+    for command in commands:
         group.add_command(command)
     group.add_command(_by_id("get", "Subscription WEBHOOK_ID, as JSON (never its secret)."))
     group.add_command(_by_id("pause", "Stop delivering to WEBHOOK_ID; its cursor stays."))

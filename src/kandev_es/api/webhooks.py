@@ -109,9 +109,26 @@ class DeliveriesSchema(Schema):
     items = fields.List(fields.Nested(AttemptSchema), required=True)
 
 
+class KeyringKeySchema(Schema):
+    public_key = fields.String(required=True, metadata={"description": "whpk_..."})
+    until = fields.String(
+        allow_none=True,
+        required=True,
+        metadata={"description": "when it stops signing (a rotated-out key); null: current"},
+    )
+
+
 class PublicKeySchema(Schema):
     public_key = fields.String(
-        required=True, metadata={"description": "whpk_...: verifies v1a signatures"}
+        required=True, metadata={"description": "whpk_...: the current key, signs v1a"}
+    )
+    keys = fields.List(
+        fields.Nested(KeyringKeySchema),
+        required=True,
+        metadata={
+            "description": "every key that signs now: after a key rotation the old one"
+            " signs beside the new one until its overlap ends (a v1a entry each)"
+        },
     )
 
 
@@ -288,10 +305,13 @@ class WebhookPublicKey(MethodView):
     @blp.response(200, PublicKeySchema)
     @document_errors(blp, 404)
     def get(self) -> dict[str, Any]:
-        """The server's v1a public key (any token)
+        """The server's v1a public keyring (any token)
 
-        Verifies the `v1a` (Ed25519) entry of every webhook's `webhook-signature`.
+        Verifies the `v1a` (Ed25519) entries of every webhook's `webhook-signature`:
+        accept a webhook when one of them verifies with one of `keys`. After a key
+        rotation the old key signs beside the new one until its overlap ends.
         """
         if principal() is None:
             raise WorkspaceNotFound("workspace not found")
-        return {"public_key": services().webhooks.public_key()}
+        hooks = services().webhooks
+        return {"public_key": hooks.public_key(), "keys": hooks.keyring()}

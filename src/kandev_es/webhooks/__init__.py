@@ -8,7 +8,9 @@ the deliverer reads the feed), transport (one attempt over HTTP), deliverer
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
+from typing import Any
 
 from kandev_es.application import Tasks
 from kandev_es.config import Settings
@@ -16,7 +18,7 @@ from kandev_es.storage.database import Database
 from kandev_es.webhooks.addresses import NetworkPolicy
 from kandev_es.webhooks.deliverer import Deliverer, Rules
 from kandev_es.webhooks.feed import StoreFeed
-from kandev_es.webhooks.signing import WebhookKey, load_key
+from kandev_es.webhooks.signing import KeyFile, load_keyring, rotate_key
 from kandev_es.webhooks.store import SubscriptionStore
 from kandev_es.webhooks.subscriptions import WebhookService
 
@@ -31,7 +33,7 @@ class Webhooks:
     store: SubscriptionStore
     policy: NetworkPolicy
     service: WebhookService
-    _key: WebhookKey | None = None
+    _key: KeyFile | None = None
     _deliverer: Deliverer | None = None
 
     @classmethod
@@ -44,13 +46,24 @@ class Webhooks:
         return cls(settings, app, database, store, policy, service)
 
     @property
-    def key(self) -> WebhookKey:
+    def key(self) -> KeyFile:
         if self._key is None:
-            self._key = load_key(self.settings.webhook_key_path)
+            self._key = KeyFile(self.settings.webhook_key_path)
         return self._key
 
     def public_key(self) -> str:
         return self.key.public_key()
+
+    def keyring(self) -> list[dict[str, Any]]:
+        """The public keys that verify ``v1a`` now (two during a rotation)."""
+        return self.key.ring().published(time.time())
+
+    def rotate_key(self, overlap: float | None = None) -> list[dict[str, Any]]:
+        """A new v1a key; the old one signs beside it for ``overlap`` seconds
+        (KANDEV_WEBHOOK_SECRET_OVERLAP unless given). The published keyring."""
+        wait = self.settings.webhook_secret_overlap if overlap is None else overlap
+        ring = rotate_key(self.settings.webhook_key_path, wait)
+        return ring.published(time.time())
 
     def deliverer(self) -> Deliverer:
         """This process's deliverer (one; it delivers only while it leads)."""
@@ -72,4 +85,4 @@ def set_up(settings: Settings, database: Database) -> None:
     from kandev_es.webhooks.store import create_tables
 
     create_tables(database)
-    load_key(settings.webhook_key_path, create=True)
+    load_keyring(settings.webhook_key_path, create=True)

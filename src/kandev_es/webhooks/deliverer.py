@@ -37,7 +37,7 @@ from kandev_es.services.feeds import FeedItem
 from kandev_es.webhooks.addresses import NetworkPolicy
 from kandev_es.webhooks.feed import FeedReader
 from kandev_es.webhooks.progress import FLUSH_SECONDS, MAX_UNWRITTEN, Progress
-from kandev_es.webhooks.signing import WebhookKey, signature_header
+from kandev_es.webhooks.signing import KeyFile, signature_header
 from kandev_es.webhooks.store import ACTIVE, DISABLED, Attempt, Subscription, SubscriptionStore
 from kandev_es.webhooks.transport import Outcome, new_client, post
 
@@ -94,7 +94,7 @@ class Deliverer:
         self,
         store: SubscriptionStore,
         feed: FeedReader,
-        key: WebhookKey,
+        key: KeyFile,
         rules: Rules,
         lead: Leadership | None = None,
     ) -> None:
@@ -257,7 +257,7 @@ class Deliverer:
                 "webhook-id": webhook_id,
                 "webhook-timestamp": str(timestamp),
                 "webhook-signature": signature_header(
-                    webhook_id, timestamp, body, s.secrets_in_use(now), self.key
+                    webhook_id, timestamp, body, s.secrets_in_use(now), self.key.ring().signing(now)
                 ),
                 serving.HEADER: request_id,
             }

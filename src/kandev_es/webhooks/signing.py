@@ -12,6 +12,15 @@ the ledger's checkpoint key: that key signs the history's checkpoints and is
 kept where database administrators cannot read it; a webhook key signs
 messages whose bodies callers choose, for third parties, many times a
 second, and is rotated on its own schedule (docs/webhooks.md: Signatures).
+
+Rotation (``kandev-es webhook rotate-key``): a new key signs from then on and
+the old one keeps signing beside it (a second ``v1a,`` entry) until its
+overlap ends, so a receiver that has not fetched the new public key yet still
+verifies; the published keyring (``GET /api/v1/webhooks/public-key``) names
+both meanwhile. The file holds the current key on its first line and each
+retiring key on a line of its own with the end of its overlap
+(``whsk_... until=<unix seconds>``); a running process reads the file again
+when it changes (``KeyFile``).
 """
 
 from __future__ import annotations
@@ -20,9 +29,15 @@ import base64
 import hashlib
 import hmac
 import logging
+import math
 import os
 import secrets
+import threading
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
@@ -82,20 +97,84 @@ class WebhookKey:
         return "v1a," + base64.b64encode(self._private.sign(content)).decode()
 
 
-def load_key(path: Path, create: bool = False) -> WebhookKey:
-    """The webhook key from ``path``; made there (mode 0600) when ``create``
+@dataclass(frozen=True)
+class Keyring:
+    """The webhook key file's keys: the current one, and the retiring ones
+    with the end of their overlap (unix seconds)."""
+
+    current: WebhookKey
+    retiring: tuple[tuple[WebhookKey, float], ...] = ()
+
+    @classmethod
+    def parse(cls, text: str) -> Keyring:
+        lines = [line.split() for line in text.splitlines() if line.strip()]
+        if not lines or len(lines[0]) != 1:
+            raise ValueError("a webhook key file starts with its current key (whsk_...)")
+        retiring = []
+        for line in lines[1:]:
+            if len(line) != 2 or not line[1].startswith("until="):
+                raise ValueError("a retiring webhook key's line is 'whsk_... until=<seconds>'")
+            retiring.append((WebhookKey.parse(line[0]), float(line[1].removeprefix("until="))))
+        return cls(WebhookKey.parse(lines[0][0]), tuple(retiring))
+
+    def text(self) -> str:
+        lines = [self.current.private_text()]
+        lines += [f"{key.private_text()} until={until:.0f}" for key, until in self.retiring]
+        return "\n".join(lines) + "\n"
+
+    def signing(self, now: float) -> list[WebhookKey]:
+        """The keys that sign now: the current one, and those still in overlap."""
+        return [self.current, *(key for key, until in self.retiring if now < until)]
+
+    def published(self, now: float) -> list[dict[str, Any]]:
+        """The public keyring: each key that signs now, and until when (None:
+        the current key, until the next rotation)."""
+        keys: list[dict[str, Any]] = [{"public_key": self.current.public_key(), "until": None}]
+        for key, until in self.retiring:
+            if now < until:
+                when = datetime.fromtimestamp(until, UTC).isoformat().replace("+00:00", "Z")
+                keys.append({"public_key": key.public_key(), "until": when})
+        return keys
+
+    def rotated(self, now: float, overlap: float) -> Keyring:
+        """A new current key; this one signs beside it for ``overlap`` seconds
+        (none: it stops now), the retiring ones until their own ends."""
+        kept = [(key, until) for key, until in self.retiring if now < until]
+        if overlap > 0:
+            kept.insert(0, (self.current, float(math.ceil(now + overlap))))  # as the file has it
+        return Keyring(WebhookKey.generate(), tuple(kept))
+
+
+def _write(path: Path, ring: Keyring, exclusive: bool) -> bool:
+    """``ring`` into ``path`` (mode 0600): made anew when ``exclusive`` (False:
+    it exists), else replaced at once (readers see the old file or the new)."""
+    target = path if exclusive else path.with_name(f".{path.name}.{os.getpid()}.new")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+    try:
+        fd = os.open(target, flags, 0o600)
+    except FileExistsError:
+        if exclusive:
+            return False
+        target.unlink()
+        fd = os.open(target, flags, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as file:
+        file.write(ring.text())
+        file.flush()
+        os.fsync(file.fileno())
+    if not exclusive:
+        os.replace(target, path)
+    return True
+
+
+def load_keyring(path: Path, create: bool = False) -> Keyring:
+    """The webhook keys from ``path``; made there (mode 0600) when ``create``
     and missing. Another process making it first wins: its key is read."""
     if not path.exists() and create:
         path.parent.mkdir(parents=True, exist_ok=True)
-        key = WebhookKey.generate()
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            return WebhookKey.parse(path.read_text(encoding="utf-8"))
-        with os.fdopen(fd, "w", encoding="utf-8") as file:
-            file.write(key.private_text() + "\n")
-        log.info("webhooks: made the signing key %s (%s)", path, key.public_key())
-        return key
+        ring = Keyring(WebhookKey.generate())
+        if _write(path, ring, exclusive=True):
+            log.info("webhooks: made the signing key %s (%s)", path, ring.current.public_key())
+            return ring
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as error:
@@ -106,14 +185,75 @@ def load_key(path: Path, create: bool = False) -> WebhookKey:
             f"no readable webhook signing key at {path} ({error.strerror}): copy the"
             " deployment's key there or set KANDEV_WEBHOOK_KEY_FILE (docs/webhooks.md)"
         ) from error
-    return WebhookKey.parse(text)
+    return Keyring.parse(text)
+
+
+def rotate_key(path: Path, overlap: float, now: float | None = None) -> Keyring:
+    """``webhook rotate-key``: a new current key in ``path``; the old one signs
+    beside it for ``overlap`` seconds. Every node reads the file again within
+    RELOAD_SECONDS (copy it to the other nodes' key file within the overlap)."""
+    ring = load_keyring(path).rotated(time.time() if now is None else now, overlap)
+    _write(path, ring, exclusive=False)
+    log.warning(
+        "webhooks: rotated the signing key %s: %s signs now, the old one for %.0f s more",
+        path,
+        ring.current.public_key(),
+        overlap,
+    )
+    return ring
+
+
+RELOAD_SECONDS = 1.0  # how soon a process signs with a rotated key file
+
+
+class KeyFile:
+    """The webhook key file as a running process signs with it: read again
+    when it changes (looked at once per RELOAD_SECONDS at most); a file gone
+    or broken meanwhile leaves the keys last read in use, with a warning."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._ring = load_keyring(path)
+        self._stamp = self._stat()
+        self._looked = time.monotonic()
+
+    def _stat(self) -> tuple[int, int, int] | None:
+        try:
+            found = self.path.stat()
+        except OSError:
+            return None
+        return (found.st_mtime_ns, found.st_size, found.st_ino)
+
+    def ring(self) -> Keyring:
+        now = time.monotonic()
+        if now - self._looked < RELOAD_SECONDS:
+            return self._ring
+        with self._lock:
+            self._looked = now
+            stamp = self._stat()
+            if stamp is not None and stamp != self._stamp:
+                try:
+                    self._ring = load_keyring(self.path)
+                    self._stamp = stamp
+                except (WebhookKeyMissing, ValueError) as error:
+                    log.warning("webhooks: key file %s not read again: %s", self.path, error)
+        return self._ring
+
+    def public_key(self) -> str:
+        return self.ring().current.public_key()
 
 
 def signature_header(
-    webhook_id: str, timestamp: int, body: bytes, secrets_in_use: list[str], key: WebhookKey
+    webhook_id: str,
+    timestamp: int,
+    body: bytes,
+    secrets_in_use: list[str],
+    keys: list[WebhookKey],
 ) -> str:
-    """``webhook-signature``: a ``v1`` per secret in use, then ``v1a``."""
+    """``webhook-signature``: a ``v1`` per secret in use, then a ``v1a`` per
+    key that signs (two during a key rotation's overlap)."""
     content = signed_content(webhook_id, timestamp, body)
     parts = [hmac_signature(secret, content) for secret in secrets_in_use]
-    parts.append(key.signature(content))
+    parts += [key.signature(content) for key in keys]
     return " ".join(parts)
