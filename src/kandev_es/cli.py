@@ -390,7 +390,8 @@ def mcp_server(over_http: bool, host: str, port: int) -> None:
     each request's Authorization: Bearer header (endpoint /mcp, POST only, no
     sessions; a request without a valid token is 401 before anything is kept)."""
     from kandev_es.config import take_mcp_token
-    from kandev_es.mcp.server import serve_http, serve_stdio
+    from kandev_es.mcp.server import serve_stdio
+    from kandev_es.mcp_http import serve as serve_http
 
     if over_http:
         require_free_address(host, port)  # before the store is opened or created

@@ -37,7 +37,8 @@ LAYERS: tuple[tuple[tuple[str, ...], ...], ...] = (
     # each other.
     (("api",), ("agentctl",), ("client",), ("mcp",)),
     (("cli", "cli_ops", "cli_parked", "cli_agentctl", "cli_ledger", "cli_tasks", "cli_numbers",
-      "cli_usage", "cli_webhooks", "cli_import", "server", "http_worker", "http_limits"),),
+      "cli_usage", "cli_webhooks", "cli_import", "server", "http_worker", "http_limits",
+      "mcp_http"),),
 )
 
 

@@ -372,3 +372,28 @@ def test_event_store_pool_is_built_closed_and_connects_with_its_conninfo_and_kwa
     assert "127.0.0.1" in str(refused.value) and '"h"' not in str(refused.value), _changed(
         "psycopg_pool", "ConnectionPool._connect reading .conninfo and .kwargs",
         "storage/recorders.py")
+
+
+def test_uvicorn_h11_protocol_has_what_the_mcp_front_overrides() -> None:
+    """mcp_http.FrontProtocol replaces the h11 connection, answers protocol
+    errors in send_400_response, lets a cycle's app go and reads its timers."""
+    import h11
+    from uvicorn.protocols.http import h11_impl
+
+    protocol = h11_impl.H11Protocol
+    for name in ("send_400_response", "handle_events", "data_received", "connection_made",
+                 "connection_lost", "shutdown", "on_response_complete",
+                 "timeout_keep_alive_handler", "_unset_keepalive_if_required"):
+        assert callable(getattr(protocol, name, None)), _changed(
+            "uvicorn", f"H11Protocol.{name}", "mcp_http.py")
+    assert list(inspect.signature(protocol.send_400_response).parameters) == ["self", "msg"], (
+        _changed("uvicorn", "H11Protocol.send_400_response(self, msg)", "mcp_http.py"))
+    source = inspect.getsource(protocol)
+    for used in ("self.conn.next_event()", "except h11.RemoteProtocolError",
+                 "self.send_400_response(", "self.cycle", "self.flow", "self.tasks"):
+        assert used in source, _changed("uvicorn", f"H11Protocol's {used}", "mcp_http.py")
+    cycle = inspect.getsource(h11_impl.RequestResponseCycle)
+    for used in ("self.disconnected", "self.message_event", "self.response_complete"):
+        assert used in cycle, _changed("uvicorn", f"RequestResponseCycle's {used}", "mcp_http.py")
+    assert isinstance(h11_impl.STATUS_PHRASES.get(414), bytes)
+    assert h11.RemoteProtocolError("x", error_status_hint=431).error_status_hint == 431

@@ -219,12 +219,3 @@ def http_app(services: Services, host: str, path: str = "/mcp") -> ASGIApp:
     server = build_server(services, bearer_header)
     app = server.streamable_http_app(streamable_http_path=path, host=host, stateless_http=True)
     return TokenGate(app, services.tokens.authenticate)
-
-
-def serve_http(services: Services, host: str, port: int, path: str = "/mcp") -> None:
-    import uvicorn
-
-    app = http_app(services, host, path)
-    services.projections.start_thread(services.settings.projection_poll_seconds)
-    log.info("mcp streamable HTTP on http://%s:%s%s", host, port, path)
-    uvicorn.run(app, host=host, port=port, log_level="warning")

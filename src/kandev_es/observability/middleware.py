@@ -96,7 +96,7 @@ def with_request_ids(app: WSGIApp, on_answer: OnAnswer | None = None) -> WSGIApp
 
         def done(sent: int) -> None:
             try:
-                _access_line(environ, answer, sent, time.perf_counter() - started)
+                access_line(environ, answer, sent, time.perf_counter() - started)
             finally:
                 serving.end()
 
@@ -122,7 +122,7 @@ def _refuse(error: KandevError, start: Callable[..., Any]) -> list[bytes]:
     return [body]
 
 
-def _access_line(
+def access_line(
     environ: dict[str, Any],
     answer: dict[str, Any],
     sent: int,
