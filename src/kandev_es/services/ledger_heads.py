@@ -115,10 +115,12 @@ def advance(tx: Any, backend: str, size: int) -> bytes | None:
         changed = {b: heads.bucket_hash(heads.Head(*e) for e in entries)
                    for b, entries in contents.items()}
 
-        def make(source: heads.MapSource) -> dict[tuple[int, int], bytes]:
-            return heads.updated_nodes(source, changed)
-
-        made = make(_nodes_source(tx, backend, make))
+        # The stored nodes updated_nodes reads are siblings of the changed
+        # buckets' paths: read those at once (not by a first run of it with
+        # empty nodes, which doubled the map's hashing).
+        found = store.read_map_nodes(
+            tx, backend, {key for bucket in changed for key in heads.siblings(bucket)})
+        made = heads.updated_nodes(lambda level, index: found.get((level, index)), changed)
         store.write_map_nodes(tx, backend, [(lv, ix, h) for (lv, ix), h in sorted(made.items())])
         store.set_map_size(tx, size)
     return heads.root_of(_nodes_source(tx, backend, heads.root_of))
