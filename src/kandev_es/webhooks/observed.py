@@ -7,8 +7,12 @@ node answers the same, whichever process delivers):
   disabled;
 - ``kandev_webhook_lag_seconds{subscription}``: the age of the oldest feed
   event an active subscription has not had a 2xx for (0: caught up). The
-  subscription id is a label: at most MAX_SUBSCRIPTIONS per workspace, made
-  by operators, not by callers.
+  subscription id is a label, and its series are bounded: only active
+  subscriptions have one (made by operators, never by callers: at most
+  MAX_SUBSCRIPTIONS per workspace), a deleted, paused or disabled one's series
+  is gone at the next scrape (nothing is kept between scrapes), and at most
+  MAX_LAG_SERIES of them, the furthest behind, are exported however many
+  workspaces there are.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from typing import Any
 
 from kandev_es.webhooks.deliverer import RESULTS
 from kandev_es.webhooks.store import ACTIVE, DISABLED, PAUSED, SubscriptionStore
+
+MAX_LAG_SERIES = 100  # subscriptions with a lag series of their own, the furthest behind
 
 
 def _age(timestamp: str | None, now: float) -> float:
@@ -51,7 +57,8 @@ def families(store: SubscriptionStore) -> Iterator[Any]:
         labels=["subscription"],
     )
     now = time.time()
-    for s in subscriptions:
-        if s.state == ACTIVE:
-            lag.add_metric([str(s.id)], _age(store.oldest_pending(s), now))
+    lags = [(_age(store.oldest_pending(s), now), str(s.id)) for s in subscriptions
+            if s.state == ACTIVE]  # fmt: skip
+    for seconds, subscription in sorted(lags, reverse=True)[:MAX_LAG_SERIES]:
+        lag.add_metric([subscription], seconds)
     yield lag
