@@ -307,10 +307,15 @@ def runtime(once: bool, poll: float, parked: bool) -> None:
     help="the API's URL for the agents the Runtime launches [default: from KANDEV_BIND, else"
     " http://127.0.0.1:8000]",
 )
+@click.option(
+    "--metrics-port", type=PORT, default=None,
+    help="serve this process's metrics at http://127.0.0.1:PORT/metrics (run apart from a"
+    " server, whose /metrics does not include it)",
+)
 @click.option("--parent", type=int, default=None, hidden=True,
               help="stop once the process with this pid is no longer the parent")
 @store_options
-def background(agent_api_url: str | None, parent: int | None) -> None:
+def background(agent_api_url: str | None, metrics_port: int | None, parent: int | None) -> None:
     """Run the node's background work in this process until SIGTERM: the
     projection loop, the ledger sequencer, the recovery Runtime (unless
     KANDEV_RUNTIME_IN_PROCESS=n) and the webhook deliverer (unless
@@ -320,10 +325,12 @@ def background(agent_api_url: str | None, parent: int | None) -> None:
     work as one per database. Logs at INFO."""
     from kandev_es.background.process import run
 
+    if metrics_port is not None:
+        require_free_address("127.0.0.1", metrics_port)
     settings = existing_store()
     if agent_api_url:
         settings = settings.with_overrides(agent_api_url=agent_api_url)
-    run(settings, parent)
+    run(settings, parent, metrics_port)
 
 
 @main.command(short_help="Run the API (embedded SQLite; PostgreSQL with KANDEV_DATABASE_URL).")

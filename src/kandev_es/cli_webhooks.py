@@ -199,9 +199,10 @@ def rotate_key(overlap: float | None) -> None:
 @click.command("deliver")
 @store_options
 def deliver() -> None:
-    """Run the deliverer (a process of its own beside the web workers; with
-    KANDEV_WEBHOOKS_IN_PROCESS=0 the workers leave delivery to it). One
-    process per database delivers at a time; the others wait to take over."""
+    """Run the deliverer alone (a process of its own beside the server; with
+    KANDEV_WEBHOOKS_IN_PROCESS=0 the server's background process leaves
+    delivery to it). One process per database delivers at a time; the others
+    wait to take over."""
     services = open_store()
     try:
         services.webhooks.deliverer().run_forever()

@@ -349,6 +349,38 @@ def projection_leadership(gained: bool) -> None:
         gauge.dec()
 
 
+# ----- a process apart from a server ---------------------------------------
+# How long the metrics listener of ``serve_alone`` waits for a scraper's request.
+ALONE_REQUEST_SECONDS = 10.0
+
+
+def serve_alone(port: int, projection_lag: Callable[[], Mapping[str, int]]) -> Any:
+    """``kandev-es background --metrics-port``: this process's own values and
+    the projection lag at http://127.0.0.1:<port>/metrics, for a background
+    process run apart from a server (no server's scrape sees it). Loopback only,
+    a thread per scrape, each connection's reads bounded; the server, to close."""
+    import threading
+    from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+    from prometheus_client import CollectorRegistry, make_wsgi_app
+    from prometheus_client.exposition import ThreadingWSGIServer
+
+    class _Handler(WSGIRequestHandler):
+        timeout = ALONE_REQUEST_SECONDS  # a silent connection is closed, not kept
+
+        def log_message(self, format: str, *args: Any) -> None:
+            """No line per scrape."""
+
+    scrape = CollectorRegistry(auto_describe=False)
+    scrape.register(_Forward(instruments().registry))
+    scrape.register(_ProjectionLag(projection_lag))
+    server = make_server(
+        "127.0.0.1", port, make_wsgi_app(scrape), ThreadingWSGIServer, handler_class=_Handler
+    )
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+    return server
+
+
 # ----- the gunicorn master ------------------------------------------------
 def start_multiprocess(settings: config.Settings) -> Path:
     """In the master before any worker forks: a fresh directory for this run

@@ -15,9 +15,11 @@ import os
 import signal
 import time
 import urllib.parse
+import urllib.request
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from kandev_es.config import Settings
 from tests.e2e.test_projection_leader import leading_workers, scraped_leaders
@@ -29,7 +31,7 @@ from tests.support.load import (
     wait_for_workers,
 )
 from tests.support.receiver import Receiver
-from tests.support.served import Launched, ServedProcess, http
+from tests.support.served import Launched, ServedProcess, free_port, http
 
 WAIT_S = 60.0
 HOOK_ENV = {
@@ -97,6 +99,16 @@ def _leads_every_role(settings: Settings, pid: int) -> bool:
     return all(holders == [pid] for holders in role_holders(settings).values())
 
 
+def _scrape(port: int) -> dict[str, float] | None:
+    """The first sample of each family at 127.0.0.1:port/metrics (None: not yet listening)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+            text = answer.read().decode()
+    except OSError:
+        return None
+    return {f.name: f.samples[0].value for f in text_string_to_metric_families(text) if f.samples}
+
+
 def _first_seen(ids: list[str]) -> list[str]:
     return list(dict.fromkeys(ids))
 
@@ -158,9 +170,16 @@ def test_background_alone_beside_web_workers_that_run_none(settings: Settings, t
         assert background_pids(server.process.pid) == []
         assert role_holders(settings) == {"projections": [], "ledger": [], "webhooks": []}
         assert leading_workers(settings, workers) == []
-        with Launched(["background"], settings, tmp_path / "background.log") as alone:
+        port = free_port()
+        args = ["background", "--metrics-port", str(port)]
+        with Launched(args, settings, tmp_path / "background.log") as alone:
             pid = alone.process.pid
             _wait_for("the background process leads", lambda: _leads_every_role(settings, pid))
+            # its own metrics (the server's scrape does not see a process apart)
+            own = _wait_for("its metrics", lambda: _scrape(port))
+            assert own["kandev_projection_leader"] == 1.0, own
+            assert "kandev_projection_lag_events" in own
+            assert scraped_leaders(server) == 0
             _create(server, "ALONE-1")
             _sequenced(server, "ALONE-0")
             _sequenced(server, "ALONE-1")

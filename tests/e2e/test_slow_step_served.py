@@ -1,5 +1,6 @@
 """Issue 42, as an operator met it: `kandev-es serve` with a short lease
-(KANDEV_LEASE_SECONDS=1) and two workers, whose Runtimes scan every second,
+(KANDEV_LEASE_SECONDS=1) and two workers, its background process's Runtime
+scanning every second,
 and a repository whose ``post-checkout`` hook takes 3 leases. The create
 answers Created; the identity's history holds lease renewals and no
 takeover (before: ``RECOVERY by runtime:…`` while the hook ran, then

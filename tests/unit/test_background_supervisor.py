@@ -71,6 +71,16 @@ def test_stop_terminates_a_running_child_and_kills_one_that_ignores_it(tmp_path:
     assert stubborn.starts == 1
 
 
+def test_a_reload_starts_the_next_one_at_once(tmp_path: Path) -> None:
+    running = Supervisor([sys.executable, "-c", "import time; time.sleep(60)"], {})
+    running.start()
+    first = running.pid
+    running.renew()
+    _wait_for(lambda: running.pid != first, 5.0)  # no restart wait after a reload
+    assert running.starts == 2
+    running.stop()
+
+
 def test_the_child_gets_the_masters_store_level_pid_and_agent_url() -> None:
     settings = Settings(data_dir=Path("/srv/data"), agent_api_url="http://127.0.0.1:9001")
     args = command(settings, 4242, "info")
@@ -101,6 +111,7 @@ def test_the_layouts_and_which_start_a_background_process(tmp_path: Path) -> Non
         hooks = gunicorn_settings(settings.with_overrides(data_dir=tmp_path), 1)
         assert ("when_ready" in hooks) == (layout == "process")
         assert ("on_exit" in hooks) == (layout == "process")
+        assert ("on_reload" in hooks) == (layout == "process")
     assert background_layout(load_settings({})) == "process"  # serve's default
     with pytest.raises(InvalidSetting, match="KANDEV_BACKGROUND must be process, threads or"):
         load_settings({"KANDEV_BACKGROUND": "workers"})

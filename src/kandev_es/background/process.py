@@ -13,6 +13,7 @@ import signal
 import threading
 from types import FrameType
 
+from kandev_es import metrics
 from kandev_es.background import work
 from kandev_es.bootstrap import bootstrap
 from kandev_es.config import Settings
@@ -23,15 +24,19 @@ log = logging.getLogger("kandev_es.background")
 PARENT_CHECK_SECONDS = 1.0
 
 
-def run(settings: Settings, parent: int | None = None) -> None:
-    """Until a stop signal (or ``parent`` gone): the background work of this node."""
+def run(settings: Settings, parent: int | None = None, metrics_port: int | None = None) -> None:
+    """Until a stop signal (or ``parent`` gone): the background work of this
+    node; with ``metrics_port``, its metrics on 127.0.0.1 at that port."""
     stop = threading.Event()
     _stop_on_signals(stop)
     # Before the store's pools connect: psycopg's instrumentation traces the
     # connections made after it (observability/tracing.py).
     tracing.configure(settings)
     services = bootstrap(settings)
+    listener = None
     try:
+        if metrics_port is not None:
+            listener = metrics.serve_alone(metrics_port, services.projections.lag)
         started = work.start(services)
         log.info("background: pid %d runs %s", os.getpid(), ", ".join(started.names))
         try:
@@ -39,6 +44,8 @@ def run(settings: Settings, parent: int | None = None) -> None:
         finally:
             started.stop(services)
     finally:
+        if listener is not None:
+            listener.shutdown()
         services.close()
     log.info("background: pid %d stopped", os.getpid())
 

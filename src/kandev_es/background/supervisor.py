@@ -70,6 +70,7 @@ class Supervisor:
         self._env = dict(env)
         self._lock = threading.Lock()
         self._stopping = threading.Event()
+        self._renewing = threading.Event()
         self._process: subprocess.Popen[bytes] | None = None
         self._thread: threading.Thread | None = None
         self.starts = 0
@@ -105,16 +106,12 @@ class Supervisor:
                 metrics.worker_exited(process.pid)  # its live gauges (projection leader) end
                 if self._stopping.is_set():
                     return
-                if time.monotonic() - began >= STABLE_SECONDS:
+                if time.monotonic() - began >= STABLE_SECONDS or self._renewing.is_set():
                     delay = RESTART_SECONDS
-                log.error(
-                    "background: pid %d ended (exit status %s); starting another in %.0f s",
-                    process.pid,
-                    code,
-                    delay,
-                )
-            if self._stopping.wait(delay):
+                self._ended(process.pid, code, delay)
+            if self._stopping.wait(0 if self._renewing.is_set() else delay):
                 return
+            self._renewing.clear()
             delay = min(delay * 2, MAX_RESTART_SECONDS)
             with self._lock:
                 if self._stopping.is_set():
@@ -124,6 +121,29 @@ class Supervisor:
                 except OSError as error:  # no fork or exec now: try again later
                     log.error("background: could not start: %s", error)
                     self._process = None
+
+    def _ended(self, pid: int, code: int, delay: float) -> None:
+        if self._renewing.is_set():
+            log.info("background: pid %d stopped for a reload; starting another", pid)
+        else:
+            log.error(
+                "background: pid %d ended (exit status %s); starting another in %.0f s",
+                pid,
+                code,
+                delay,
+            )
+
+    def renew(self) -> None:
+        """gunicorn's reload (HUP): the workers start again with the code
+        installed now, so does the background process (SIGTERM; the next one
+        is started at once, with the same command and environment)."""
+        with self._lock:
+            process = self._process
+            if self._stopping.is_set() or process is None or process.poll() is not None:
+                return
+            self._renewing.set()
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGTERM)
 
     def stopping(self) -> None:
         """The master is stopping: a background process that ends stays ended."""
@@ -159,8 +179,9 @@ def current() -> Supervisor | None:
 
 
 def hooks(settings: Settings, log_level: str | None = None) -> dict[str, Callable[..., None]]:
-    """gunicorn's ``when_ready`` (start the background process) and
-    ``on_exit`` (stop it) for a master serving ``settings``."""
+    """gunicorn's ``when_ready`` (start the background process), ``on_reload``
+    (start it again, as the workers are) and ``on_exit`` (stop it) for a master
+    serving ``settings``."""
 
     def when_ready(server: Any) -> None:
         global _current
@@ -169,11 +190,15 @@ def hooks(settings: Settings, log_level: str | None = None) -> dict[str, Callabl
             _flag_stop_signals(_current)
         _current.start()
 
+    def on_reload(server: Any) -> None:
+        if _current is not None:
+            _current.renew()
+
     def on_exit(server: Any) -> None:
         if _current is not None:
             _current.stop()
 
-    return {"when_ready": when_ready, "on_exit": on_exit}
+    return {"when_ready": when_ready, "on_reload": on_reload, "on_exit": on_exit}
 
 
 def _flag_stop_signals(supervisor: Supervisor) -> None:
