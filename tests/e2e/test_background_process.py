@@ -219,3 +219,22 @@ def test_two_serve_nodes_keep_one_leader_per_role(settings: Settings, tmp_path: 
         assert killed not in after.values()
         _create(node_b, "NODES-1")
         _sequenced(node_a, "NODES-1")
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+@pytest.mark.timeout(120)
+def test_a_master_killed_with_sigkill_leaves_no_background_process(
+    settings: Settings, tmp_path: Path
+):
+    """Its background process watches its parent: once the master is gone
+    (SIGKILL: no on_exit), it stops by itself (logged), so no orphan keeps
+    leading the roles a restarted server's own process must take."""
+    with ServedProcess(settings, tmp_path / "logs") as server:
+        master = server.process.pid
+        orphan = wait_for_background(master)
+        _wait_for("it leads", lambda: _leads_every_role(settings, orphan))
+        os.kill(master, signal.SIGKILL)
+        server.process.wait(10)
+        _wait_for("the background process gone", lambda: not Path(f"/proc/{orphan}").exists(), 15)
+        assert "is gone; stopping" in server.output()
+        assert role_holders(settings) == {"projections": [], "ledger": [], "webhooks": []}
