@@ -142,6 +142,9 @@ def test_a_key_file_swapped_by_hand_does_not_sign(services, workspace, member):
     before = checkpoints(services)
     refused_to_sign(services, "has no window")
     assert checkpoints(services) == before
+    # /readyz of a process that does not sequence (a web worker beside the
+    # background process) says so too, from its own look
+    assert "has no window" in (restarted(services).health() or "")
 
 
 def test_an_upgraded_deployment_keeps_its_key_and_origin_and_anchors_once(

@@ -360,13 +360,22 @@ class Sequencer:
         return self._seen
 
     def _log_problem(self) -> str | None:
+        """The log against the anchor, and the key against the keyring's
+        windows: what the sequencer would refuse, seen by a process that does
+        not sequence (the web workers beside the background process)."""
         with self.database.transaction() as tx:
             size, _ = store.tree_head(tx)
             try:
                 root = root_at(tx, size)
             except LedgerRefused as error:
                 return error.message
-            return self.anchor_problem(tx, size, root)
+            problem = self.anchor_problem(tx, size, root)
+        if problem is not None:
+            return problem
+        try:
+            return keys.window_problem(self._files, keys.read_signer(self._files), size)
+        except LedgerRefused as error:  # the key went meanwhile
+            return error.message
 
     def reanchor(self, reason: str) -> str | None:
         """``audit reanchor``, after a real restore: the log as the database
