@@ -266,8 +266,9 @@ def record_request(method: str, route: str | None, status: int, seconds: float) 
     children[1].observe(seconds)
 
 
-def record_creation(outcome: str) -> None:
-    instruments().creations.labels(outcome).inc()
+def record_creation(outcome: str, count: int = 1) -> None:
+    """``count`` creates answered ``outcome`` (a batch counts each outcome once)."""
+    instruments().creations.labels(outcome).inc(count)
 
 
 def record_creation_error(error: BaseException) -> None:

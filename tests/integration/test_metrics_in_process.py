@@ -87,6 +87,33 @@ def test_requests_count_by_url_rule_and_bounded_method(services: Services):
         assert secret not in labels
 
 
+def test_a_batch_counts_each_items_outcome_and_error(services: Services):
+    """A batch counts every item as a single create would (one increment per
+    outcome, of the number of its items)."""
+    client = create_app(services=services, run_projections=False).test_client()
+    token, _ = services.tokens.issue(workspace_id=None, admin=True, label="metrics")
+    workspace, _ = services.workspaces.ensure("default")
+    auth = {"Authorization": f"Bearer {token}"}
+    items = [{"external_id": f"MB-{n}", "title": "t"} for n in range(3)]
+    first = client.post("/api/v1/tasks/batch", headers=auth,
+                        json={"workspace_id": str(workspace.id), "tasks": items[:1]})
+    assert first.status_code == 200
+    before = scrape_now()
+    answer = client.post(
+        "/api/v1/tasks/batch", headers=auth,
+        json={"workspace_id": str(workspace.id), "tasks": [*items, {"title": ""}]},
+    )
+    assert answer.status_code == 200
+    after = scrape_now()
+
+    def delta(name: str, **labels: str) -> float:
+        return total(after, name, **labels) - total(before, name, **labels)
+
+    assert delta("kandev_creations_total", outcome="created") == 2
+    assert delta("kandev_creations_total", outcome="found_settled") == 1
+    assert delta("kandev_creation_errors_total") == 1
+
+
 def test_a_refused_create_counts_its_error_type(services: Services):
     client = create_app(services=services, run_projections=False).test_client()
     token, _ = services.tokens.issue(workspace_id=None, admin=True, label="metrics")

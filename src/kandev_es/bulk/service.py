@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -149,11 +150,14 @@ class BatchService:
                     self._flush(run)
                     heartbeat()
                 results = self._finished(run)
+        answered: Counter[str] = Counter()
         for item in results:
             if item.error is not None:
                 metrics.record_creation_error(item.error)
             else:
-                metrics.record_creation(item.outcome)
+                answered[item.outcome] += 1
+        for outcome, count in answered.items():  # one increment per outcome, not per item
+            metrics.record_creation(outcome, count)
         return BatchResult(workspace_id, batch.atomic, results)
 
     @staticmethod
