@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import inspect
 import json
 import os
 import threading
@@ -53,6 +54,9 @@ KANDEV = [
     ("kandev_es.storage.recorders", "KandevPostgresRecorder.select_events", "reads"),
     ("eventsourcing.persistence", "Mapper.to_domain_event", "event decoding"),
     ("eventsourcing.persistence", "Mapper.to_stored_event", "event encoding"),
+    # The application's mapper seals tasks' free text (storage/sealing.py).
+    ("kandev_es.storage.sealing", "SealingMapper.to_domain_event", "event decoding"),
+    ("kandev_es.storage.sealing", "SealingMapper.to_stored_event", "event encoding"),
     ("kandev_es.storage.recorders", "KandevPostgresRecorder.insert_events",
      "save statement (+NOTIFY)"),
     ("kandev_es.storage.recorders", "KandevPostgresRecorder._notify", "NOTIFY after saves"),
@@ -76,7 +80,32 @@ PEER = [
     ("crud_peer", "lookup", "reads"),
     ("crud_peer", "insert_task", "save statement (+NOTIFY)"),
 ]
-BOUNDARIES = {"kandev": KANDEV, "peer": PEER}
+# The batch route's own boundaries (scripts/benchlib/bulk.py's servers only:
+# the scaling section's tables keep their components).
+JSON = [
+    ("flask.json.provider", "DefaultJSONProvider.dumps", "answer JSON encoding"),
+    ("flask.json.provider", "DefaultJSONProvider.loads", "request JSON parsing"),
+]
+KANDEV_BULK = [
+    *KANDEV,
+    *JSON,
+    ("kandev_es.api.context", "parse_json_body", "request JSON parsing"),
+    ("kandev_es.bulk.service", "BatchService.create_many", "batch protocol"),
+    ("kandev_es.creation.service", "CreationService.validated_fields", "validation"),
+    ("kandev_es.creation.service", "CreationService.identity_to_claim",
+     "creation and event building"),
+    ("kandev_es.creation.service", "CreationService.plan", "creation and event building"),
+    ("kandev_es.creation.service", "CreationService.claimed", "creation and event building"),
+    ("kandev_es.creation.service", "CreationService.answer", "answer building"),
+    ("kandev_es.bulk.results", "ItemResult.to_response", "answer building"),
+    ("kandev_es.storage.recorders", "KandevPostgresRecorder.next_office_numbers",
+     "office number"),
+    ("kandev_es.projections.inline", "InlineViews.__call__", "inline view rows"),
+    ("kandev_es.services.ledger", "Sequencer.run_once", "ledger sequencer"),
+    ("kandev_es.services.ledger", "Sequencer.checkpoint_if_due", "ledger sequencer"),
+]
+PEER_BULK = [*PEER, *JSON, ("crud_peer", "insert_batch", "save statement (+NOTIFY)")]
+BOUNDARIES = {"kandev": KANDEV, "peer": PEER, "kandev-bulk": KANDEV_BULK, "peer-bulk": PEER_BULK}
 
 _phase = ""
 _tables: list[dict[tuple[str, str], int]] = []  # one per thread, summed when written
@@ -143,7 +172,10 @@ def install(side: str) -> list[str]:
             *parents, name = path.split(".")
             for parent in parents:
                 owner = getattr(owner, parent)
-            setattr(owner, name, timed(component, getattr(owner, name)))
+            wrapped = timed(component, getattr(owner, name))
+            if isinstance(inspect.getattr_static(owner, name), staticmethod):
+                wrapped = staticmethod(wrapped)
+            setattr(owner, name, wrapped)
         except (ImportError, AttributeError):
             missing.append(f"{module_name}:{path}")
     return missing

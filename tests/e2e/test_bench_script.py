@@ -422,7 +422,20 @@ def test_the_bulk_section_imports_every_item_and_judges_the_three_ratios():
             assert row[side]["batch"]["items_per_s"] > 0
             assert row[side]["batch"]["failed_items"] == {}
             assert row[side]["single_1"]["created_per_s"] > 0
+            # each measurement from a settled start (the last one's work done)
+            for part in ("batch", "single_1", "single_16"):
+                assert isinstance(row[side][part]["settle_before"]["settled"], bool)
+        assert row["kandev"]["batch"]["items_per_s_with_after"] > 0
     assert section["rss_during_1000_item_request"]["most_grown_kb"] >= 0
     assert set(section["targets"]) == {
         "batch_ge_2x_peer_single_16", "batch_ge_5x_own_single_1", "batch_ge_0_3x_peer_batch",
     }
+    # CPU per item by component, both sides; the log's work (in the workers or
+    # the background process) is counted in kandev-es's
+    for side in ("kandev", "peer"):
+        cost = section["cost_per_item"][side]
+        assert cost["failed_items"] == {} and cost["postgres_us"] > 0
+        assert cost["total_us"] == pytest.approx(sum(cost["components_us"].values()), abs=1)
+    kandev = section["cost_per_item"]["kandev"]["components_us"]
+    assert kandev["creation and event building"] > 0 and kandev["save statement (+NOTIFY)"] > 0
+    assert kandev.get("ledger sequencer", 0) + kandev["background process"] > 0
