@@ -122,7 +122,17 @@ def _lags(acked: dict[str, float], receiver: FastReceiver) -> dict[str, Any]:
         time.sleep(0.05)
     lags = [(receiver.arrived[t] - at) * 1000 for t, at in acked.items() if t in receiver.arrived]
     missing = sum(1 for t in acked if t not in receiver.arrived)
+    start = min(acked.values(), default=0.0)
+    by_second: dict[int, list[float]] = {}
+    for task, at in acked.items():
+        if task in receiver.arrived:
+            by_second.setdefault(int(at - start), []).append((receiver.arrived[task] - at) * 1000)
     return {
+        # the median lag of the tasks acknowledged in each second of the load:
+        # rising, the deliverer falls behind; falling, it started late
+        "lag_ms_p50_by_second": [
+            round(percentile(by_second[n], 0.5), 1) for n in sorted(by_second)
+        ],
         "delivered": len(lags),
         "missing": missing,
         "requests": receiver.requests,

@@ -373,6 +373,8 @@ def test_the_webhooks_section_delivers_every_created_and_compares_with_none():
         assert row["off"]["created_per_s"] > 0 and row["off"]["failed_requests"] == {}
         assert row["on"]["delivered"] > 0 and row["on"]["missing"] == 0
         assert row["on"]["lag_ms_p50"] <= row["on"]["lag_ms_p99"] <= row["on"]["lag_ms_max"]
+        by_second = row["on"]["lag_ms_p50_by_second"]
+        assert by_second and all(0 <= lag <= row["on"]["lag_ms_max"] for lag in by_second)
     assert section["missing"] == 0
     assert set(section["targets"]) == {"lag_p99_le_1s", "cost_le_10_percent"}
 
