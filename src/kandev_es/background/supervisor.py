@@ -173,11 +173,6 @@ class Supervisor:
 _current: Supervisor | None = None
 
 
-def current() -> Supervisor | None:
-    """This master's supervisor, once started."""
-    return _current
-
-
 def hooks(settings: Settings, log_level: str | None = None) -> dict[str, Callable[..., None]]:
     """gunicorn's ``when_ready`` (start the background process), ``on_reload``
     (start it again, as the workers are) and ``on_exit`` (stop it) for a master
