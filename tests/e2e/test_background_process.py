@@ -31,7 +31,7 @@ from tests.support.load import (
     wait_for_workers,
 )
 from tests.support.receiver import Receiver
-from tests.support.served import Launched, ServedProcess, free_port, http
+from tests.support.served import ConfServed, Launched, ServedProcess, free_port, http
 
 WAIT_S = 60.0
 HOOK_ENV = {
@@ -238,3 +238,25 @@ def test_a_master_killed_with_sigkill_leaves_no_background_process(
         _wait_for("the background process gone", lambda: not Path(f"/proc/{orphan}").exists(), 15)
         assert "is gone; stopping" in server.output()
         assert role_holders(settings) == {"projections": [], "ledger": [], "webhooks": []}
+
+
+@pytest.mark.postgres_only
+@pytest.mark.timeout(180)
+def test_the_production_command_starts_one_background_process_too(
+    settings: Settings, tmp_path: Path
+):
+    """`gunicorn -c http/gunicorn.conf.py 'kandev_es.api:create_app()'` (two
+    workers): the config's hooks start one background process, which leads
+    every role while the workers lead none, and stop it with the master."""
+    with ConfServed(settings, tmp_path / "logs") as server:
+        master = server.process.pid
+        workers = wait_for_workers(master, 2)
+        background = wait_for_background(master)
+        _wait_for("it leads", lambda: _leads_every_role(settings, background))
+        _create(server, "CONF-0")
+        _sequenced(server, "CONF-0")
+        _wait_for("the workers' gauges", lambda: leading_workers(settings, workers) == [])
+        os.kill(master, signal.SIGTERM)
+        server.process.wait(30)
+        _wait_for("it stopped", lambda: not Path(f"/proc/{background}").exists(), 15)
+        assert f"background: pid {background} stopped" in server.output()
