@@ -18,6 +18,7 @@ from benchlib.bulk import bulk_cost
 from benchlib.chains import chains_cost
 from benchlib.common import load_average, say
 from benchlib.database import database, durability, with_schema
+from benchlib.erasure import erasure_cost
 from benchlib.fanout import CONSUMERS, fanout_cost, fanout_targets
 from benchlib.in_process import in_process, transactions
 from benchlib.over_http import served
@@ -25,7 +26,7 @@ from benchlib.rebuild import rebuild_rate
 from benchlib.recovery import recovery
 from benchlib.saves import store_saves
 from benchlib.scaling import scaling
-from benchlib.targets import chains_targets, scaling_targets, targets
+from benchlib.targets import chains_targets, erasure_targets, scaling_targets, targets
 from benchlib.tracing import tracing_cost
 from benchlib.webhooks import webhooks_cost
 from kandev_es.bootstrap import Services, bootstrap
@@ -74,6 +75,10 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--chains-only", action="store_true",
                         help="measure only the 'chains' section: saves and Created over HTTP"
                         " with hash chains and without (docs/auditing.md: Cost)")
+    parser.add_argument("--erasure-only", action="store_true",
+                        help="measure only the 'erasure' section: Created over HTTP with free"
+                        " text sealed and in cleartext, and forgetting a task of 100 events"
+                        " (docs/auditing.md: Erasure)")
     parser.add_argument("--webhooks-only", action="store_true",
                         help="measure only the 'webhooks' section: Created over HTTP with no"
                         " webhook subscription and with one to a fast local receiver (its"
@@ -116,8 +121,10 @@ def main() -> int:
         report["targets"] = chains_targets(report["chains"])
     if args.fanout_only:
         report["targets"] = fanout_targets(report["fanout"])
+    if args.erasure_only:
+        report["targets"] = erasure_targets(report["erasure"])
     if (args.scaling_only or args.tracing_only or args.chains_only or args.webhooks_only
-            or args.fanout_only or args.bulk_only):
+            or args.fanout_only or args.bulk_only or args.erasure_only):
         print(json.dumps(report, indent=2))
         return 0
     report["targets"] = targets(report)
@@ -140,6 +147,10 @@ def on_schema(report: dict[str, Any], args: argparse.Namespace, admin_url: str,
             return
         if args.chains_only:
             report["chains"] = chains(args, settings, admin_url, url, tmp, services)
+            return
+        if args.erasure_only:
+            report["erasure"] = erasure_cost(url, tmp, services, args.workers, args.clients,
+                                             args.seconds, args.rounds, admin_url)
             return
         if args.bulk_only:
             report["bulk"] = bulk_cost(services, admin_url, url, schema, tmp, args.workers,

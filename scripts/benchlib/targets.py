@@ -36,6 +36,8 @@ LAG_P99_MAX_MS = 20.0  # projection lag under the LAG_CLIENTS Created load
 # the save at the largest client count at most 5 % slower, Created over HTTP at most 3 %.
 CHAINS_SAVES_MIN_RATIO = 0.95
 CHAINS_CREATED_MIN_RATIO = 0.97
+ERASURE_CPU_MAX_RATIO = 1.05  # issue 47: Created CPU sealed <= 1.05x cleartext
+FORGET_MAX_SECONDS = 1.0  # issue 47: forgetting a task with 100 events
 
 
 def judged(target: str, measured: float | None, met: bool, rounds: int,
@@ -163,6 +165,20 @@ def chains_targets(section: dict[str, Any]) -> dict[str, Any]:
         "created_over_http_with_chains_vs_without": judged(
             f">= {CHAINS_CREATED_MIN_RATIO}", created["ratio"],
             created["ratio"] >= CHAINS_CREATED_MIN_RATIO, len(created["rounds"])),
+    }
+
+
+def erasure_targets(section: dict[str, Any]) -> dict[str, Any]:
+    """Issue 47's (benchlib/erasure.py): Created's CPU with its free text sealed
+    <= 1.05x without, and forgetting a task of 100 events within 1 s (its worst)."""
+    created, forget = section["created_over_http"], section["forget"]
+    return {
+        "created_cpu_sealed_vs_cleartext": judged(
+            f"<= {ERASURE_CPU_MAX_RATIO}", created["cpu_ratio"],
+            created["cpu_ratio"] <= ERASURE_CPU_MAX_RATIO, len(created["rounds"])),
+        "forget_100_events_seconds": judged(
+            f"<= {FORGET_MAX_SECONDS}", forget["max_s"],
+            forget["max_s"] <= FORGET_MAX_SECONDS, forget["tasks"]),
     }
 
 

@@ -184,6 +184,7 @@ class Tasks(Application):  # type: ignore[type-arg]
         # Sealed free text (storage/sealing.py): keys read through the recorder.
         self.keys = cast(SealingMapper, self.mapper).keys
         self.keys.reader = getattr(self.recorder, "select_task_keys", None)
+        self._seal = settings.seal_free_text
         # Only PostgreSQL goes away; SQLite's errors are lock timeouts.
         if breaker is None and settings.database_url:
             from kandev_es.storage.reconnect import reconnect_quickly
@@ -436,7 +437,7 @@ class Tasks(Application):  # type: ignore[type-arg]
         for aggregate in aggregates:
             events.extend(aggregate.collect_events())
         mapper = cast(SealingMapper, self.mapper)
-        with mapper.collecting() as new_keys:
+        with mapper.collecting(self._seal) as new_keys:
             stored = [mapper.to_stored_event(event) for event in events]
         try:
             # The read-model rows of these events, written by the recorder in

@@ -121,6 +121,10 @@ class Settings:
     # Off: saves write no chain hash (the sequencer still chains every event it
     # logs); for measuring what chains cost (scripts/bench), docs/auditing.md.
     ledger_save_chains: bool = True
+    # Off: a task's free text is stored in cleartext (event format 0), which
+    # cannot be forgotten; for measuring what sealing costs (scripts/bench),
+    # docs/auditing.md: Erasure.
+    seal_free_text: bool = True
     # C2SP tlog-witnesses the sequencer asks to cosign each checkpoint it signs
     # (their URL prefixes; docs/auditing.md, "Witnesses").
     ledger_witness_urls: tuple[str, ...] = ()
@@ -461,6 +465,7 @@ def _ledger_settings(env: Mapping[str, str]) -> dict[str, Any]:
         "ledger_key_file": Path(key_file) if key_file else None,
         "ledger_origin": env.get("KANDEV_LEDGER_ORIGIN") or None,
         "ledger_save_chains": _flag(env.get("KANDEV_LEDGER_SAVE_CHAINS"), True),
+        "seal_free_text": _flag(env.get("KANDEV_SEAL_FREE_TEXT"), True),
         "ledger_witness_urls": _witness_urls(env.get("KANDEV_LEDGER_WITNESS_URLS") or ""),
     }
 

@@ -118,3 +118,27 @@ def test_a_lost_key_reads_as_forgotten_not_an_error(services, client, member):
     services.app._snapshots = type(services.app._snapshots)(16)  # a fresh process's cache
     task = services.app.load(task_id, Task)
     assert task is not None and (task.title, task.description) == (None, None)
+
+
+def test_with_sealing_off_the_free_text_is_cleartext_and_cannot_be_forgotten(settings, tmp_path):
+    """KANDEV_SEAL_FREE_TEXT=false, the bench's baseline: format 0, refused by forget."""
+    import dataclasses
+
+    import pytest
+
+    from kandev_es.api import create_app
+    from kandev_es.bootstrap import bootstrap
+    from kandev_es.domain.principal import LOCAL_CLI
+    from kandev_es.errors import TaskNotSealed
+
+    plain = bootstrap(dataclasses.replace(settings, seal_free_text=False))
+    try:
+        client = create_app(services=plain, run_projections=False).test_client()
+        workspace = plain.workspaces.open("plain")
+        secret, _ = plain.tokens.issue(workspace_id=workspace.id, admin=False)
+        task_id = uuid.UUID(create(client, secret, title=MARKER).get_json()["id"])
+        assert MARKER.encode() in stored_events(plain, task_id)[0].state
+        with pytest.raises(TaskNotSealed):
+            plain.forgetting().forget(LOCAL_CLI, task_id, "art. 17", "erase-1")
+    finally:
+        plain.close()

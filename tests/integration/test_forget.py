@@ -225,3 +225,17 @@ def table_files(schema):
         for p in [base, *base.parent.glob(base.name + ".*")]
         if p.is_file() and not p.name.endswith(("_fsm", "_vm"))
     ]
+
+
+def test_the_auditors_page_shows_a_forgotten_task_as_forgotten(
+    client, services, workspace, member, operator
+):
+    forgotten_task(client, services, member, operator)
+    page = client.get(
+        "/audit/identities",
+        query_string={"workspace": str(workspace.id), "external_id": "ERASE-F"},
+        headers=bearer(operator[1]),
+    )
+    assert page.status_code == 200
+    html = page.get_data(as_text=True)
+    assert "(forgotten)" in html and MARKER not in html and "Forgotten" in html

@@ -88,9 +88,9 @@ def _task(app: Tasks, task_id: str) -> TaskSummary:
         state = "archived"
     else:
         state = str(task.phase)
-    return TaskSummary(
-        task_id, task.identifier, task.title, state, task.workflow, task.workflow_step
-    )
+    # A forgotten task's title (or one whose key is lost) reads as None.
+    title = "(forgotten)" if task.title is None else task.title
+    return TaskSummary(task_id, task.identifier, title, state, task.workflow, task.workflow_step)
 
 
 def _entry(event: dict[str, Any]) -> Entry:

@@ -56,6 +56,8 @@ SEALED_FIELDS: dict[str, tuple[tuple[tuple[str, ...], ...], tuple[str, ...]]] = 
 NEW_TASK = frozenset(get_topic(c) for c in (Task.Created, Task.CreatedActive, Identity.Claimed))
 _FORGOTTEN = get_topic(Task.Forgotten)
 KEY_CACHE_SIZE = 16384
+# One encoder for every box (json.dumps with options makes one per call).
+_ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 log = logging.getLogger("kandev_es.store")
 
 # Reads the stored keys of some tasks (those it has): the recorder's select.
@@ -89,7 +91,7 @@ def seal(state: dict[str, Any], topic: str, task_id: uuid.UUID, key: bytes) -> b
             parent = parent[name]
         taken[dotted] = parent.pop(last)
     nonce = os.urandom(12)
-    plain = json.dumps(taken, separators=(",", ":"), ensure_ascii=False).encode()
+    plain = _ENCODE(taken).encode()
     box = nonce + AESGCM(key).encrypt(nonce, plain, aad(task_id, topic))
     state[SEALED] = {
         "v": FORMAT, "task": task_id.hex, "fields": list(taken),
@@ -180,12 +182,13 @@ class SealingMapper(Mapper):  # type: ignore[type-arg]
         self._local = threading.local()
 
     @contextmanager
-    def collecting(self) -> Iterator[dict[uuid.UUID, bytes]]:
+    def collecting(self, seal: bool = True) -> Iterator[dict[uuid.UUID, bytes]]:
         """Seal in this block, and collect the keys made for new tasks: the
-        caller must store them with the events. Outside such a block events
-        are stored in cleartext (format 0): no key could be stored."""
+        caller must store them with the events. Outside such a block (or with
+        ``seal`` False: KANDEV_SEAL_FREE_TEXT off) events are stored in
+        cleartext (format 0)."""
         made: dict[uuid.UUID, bytes] = {}
-        self._local.made = made
+        self._local.made = made if seal else None
         try:
             yield made
         finally:
