@@ -303,13 +303,18 @@ class Tasks(Application):  # type: ignore[type-arg]
         aggregate = self.read_many([aggregate_id])[aggregate_id]
         return aggregate if isinstance(aggregate, kind) else None
 
-    def read_many(self, ids: Iterable[uuid.UUID]) -> dict[uuid.UUID, Aggregate | None]:
+    def read_many(
+        self, ids: Iterable[uuid.UUID], share: bool = True
+    ) -> dict[uuid.UUID, Aggregate | None]:
         """The current state of several aggregates, for reads only, caught up
         in ONE query: the events after each cached snapshot's version (after
         version 0 for one not cached). Every id is a key of the answer; an
         aggregate with no events maps to None. Each answer is this thread's
-        own object (``ReadCache.handout``), never one another thread holds."""
-        return self._read_many(ids, None)[0]
+        own object (``ReadCache.handout``), never one another thread holds.
+        ``share`` False (a batch's many cold reads): what had to be caught up
+        is answered as built, neither cached nor copied (a copy of each cost
+        more than decoding its events again)."""
+        return self._read_many(ids, None, share)[0]
 
     def read_and_draw(
         self,
@@ -331,6 +336,7 @@ class Tasks(Application):  # type: ignore[type-arg]
         self,
         ids: Iterable[uuid.UUID],
         draw: tuple[uuid.UUID, Mapping[uuid.UUID, int]] | None,
+        share: bool = True,
     ) -> tuple[dict[uuid.UUID, Aggregate | None], int | None]:
         wanted = ids if isinstance(ids, list) else list(ids)
         if not wanted:  # nothing to read (PostgreSQL's query needs at least one id)
@@ -367,7 +373,7 @@ class Tasks(Application):  # type: ignore[type-arg]
             aggregate: Any = copy.deepcopy(snapshot) if snapshot is not None else None
             for event in events:
                 aggregate = cast(Any, self.mapper.to_domain_event(event)).mutate(aggregate)
-            if aggregate is not None and cache.put(key, aggregate):
+            if aggregate is not None and share and cache.put(key, aggregate):
                 aggregate = cache.handout(key, aggregate)
             answer[key] = aggregate  # else never shared: this thread's alone
         return answer, number

@@ -105,3 +105,19 @@ def test_a_read_of_many_streams_catches_each_up_from_its_own_snapshot(services):
     read = app.read_many([*ids, *unknown])
     assert [read[key].wip_limit == 7 for key in ids] == [n % 4 == 0 for n in range(24)]
     assert all(read[key] is None for key in unknown)
+
+
+def test_an_unshared_read_is_built_for_its_caller_and_not_cached(services):
+    """``share=False`` (a batch's cold reads): what had to be read from its
+    events is the caller's own object, not put in the shared cache; a cached
+    snapshot is still handed out as this thread's copy."""
+    app = services.app
+    space = services.workspaces.open("unshared")
+    first = app.read_many([space.id], share=False)[space.id]
+    second = app.read_many([space.id], share=False)[space.id]
+    assert isinstance(first, Workspace) and isinstance(second, Workspace)
+    assert first is not second and first.version == second.version
+    assert app._snapshots.get(space.id) is None  # never shared
+    shared = app.read_many([space.id])[space.id]  # cached now
+    assert app._snapshots.get(space.id) is not None
+    assert app.read_many([space.id], share=False)[space.id] is shared  # this thread's copy

@@ -244,7 +244,7 @@ class BatchService:
         window of found items more than the second query.)"""
         if keys:
             self.creation.require_attested()
-        reads: dict[uuid.UUID, Any] = self._app.read_many([run.workspace_id, *keys])
+        reads: dict[uuid.UUID, Any] = self._app.read_many([run.workspace_id, *keys], share=False)
         missing = []
         for key in keys:
             identity = as_kind(reads.get(key), Identity)
@@ -252,7 +252,7 @@ class BatchService:
             if holder is not None and holder.task_id not in reads:
                 missing.append(holder.task_id)
         if missing:
-            reads.update(self._app.read_many(missing))
+            reads.update(self._app.read_many(missing, share=False))
         return reads
 
     def _look_up(
