@@ -189,6 +189,7 @@ def test_background_alone_beside_web_workers_that_run_none(settings: Settings, t
         assert role_holders(settings) == {"projections": [], "ledger": [], "webhooks": []}
 
 
+@pytest.mark.slow
 @pytest.mark.postgres_only
 @pytest.mark.timeout(240)
 def test_two_serve_nodes_keep_one_leader_per_role(settings: Settings, tmp_path: Path):
@@ -240,6 +241,7 @@ def test_a_master_killed_with_sigkill_leaves_no_background_process(
         assert role_holders(settings) == {"projections": [], "ledger": [], "webhooks": []}
 
 
+@pytest.mark.slow
 @pytest.mark.postgres_only
 @pytest.mark.timeout(180)
 def test_the_production_command_starts_one_background_process_too(
