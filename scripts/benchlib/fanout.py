@@ -1,22 +1,24 @@
 """What feed consumers cost the writers (issue 48, docs/benchmarks.md): Created
 over HTTP at --clients on --workers with 0, 1, 10 and 50 SSE consumers of the
-workspace feed (each on a thread of its own, draining its stream as it comes),
-each count on a server started afresh, the counts' order reversed every other
-round. The stream caps are raised for the run (KANDEV_MAX_STREAMS and
-KANDEV_MAX_STREAMS_PER_TOKEN: 50 consumers over 32 a worker). Per count:
+workspace feed (in a process of their own, benchlib/fanout_consumers.py, each
+stream drained as it comes), each count on a server started afresh, the
+counts' order reversed every other round. The stream caps are raised for the
+run (KANDEV_MAX_STREAMS and KANDEV_MAX_STREAMS_PER_TOKEN: 50 consumers over 32
+a worker). Per count:
 Created/s and its ratio to no consumer in the same round, the servers' and
 PostgreSQL's CPU per Created, whether every consumer got every task.created of
-the load once (``missing``, ``twice``), and the servers' CPU per frame
-delivered to one consumer: (CPU per Created with N - with none) / N."""
+the load once (``missing``, ``twice``), the servers' CPU per frame
+delivered to one consumer: (CPU per Created with N - with none) / N, and the
+consumers' own CPU per frame they received (on the same cores, not the
+server's)."""
 
 from __future__ import annotations
 
-import contextlib
 import http.client
 import json
-import socket
 import statistics
-import threading
+import subprocess
+import sys
 import time
 import uuid
 from collections import Counter
@@ -32,39 +34,40 @@ CONSUMERS = (0, 1, 10, 50)
 TARGETS = {1: 0.95, 10: 0.9, 50: 0.75}  # Created/s with N consumers / with none
 
 
-class Consumer:
-    """One SSE consumer: the task ids of the task.created events it got."""
+class Consumers:
+    """``count`` SSE consumers of the workspace feed, in a process of their own
+    (benchlib/fanout_consumers.py: one thread, a regular expression over what
+    arrives), so that neither their interpreter lock nor their parsing slows
+    the bench's client threads; their CPU is reported beside the server's."""
 
-    def __init__(self, port: int, token: str, workspace: uuid.UUID, after: int) -> None:
-        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-        self.conn.connect()
-        self.sock = self.conn.sock
-        self.conn.request(
-            "GET", f"/api/v1/workspaces/{workspace}/events/stream?after={after}&max_seconds=600",
-            headers={"Authorization": f"Bearer {token}"})
-        self.response = self.conn.getresponse()
-        assert self.response.status == 200, (self.response.status, self.response.read())
-        self.created: list[str] = []
-        self.ending = ""  # the stream's last comment, if it ended
-        self.thread = threading.Thread(target=self.run, daemon=True)
-        self.thread.start()
+    def __init__(self, port: int, token: str, workspace: uuid.UUID, after: int,
+                 count: int) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, str(Path(__file__).with_name("fanout_consumers.py")), str(port),
+             token, str(workspace), str(after), str(count), str(WAIT_S)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert self.process.stdout is not None and self.process.stdin is not None
+        ready = self.process.stdout.readline().strip()
+        if ready != "ready":
+            self.stop()
+            raise SystemExit(f"the consumers did not start: {ready!r}")
 
-    def run(self) -> None:
-        kind = ""
-        with contextlib.suppress(OSError, http.client.HTTPException, ValueError):
-            for line in self.response:
-                if line.startswith(b"event: "):
-                    kind = line[7:].strip().decode()
-                elif line.startswith(b"data: ") and kind == "task.created":
-                    self.created.append(json.loads(line[6:])["subject"])
-                elif line.startswith(b": stream closed"):
-                    self.ending = line.decode().strip()
+    def delivered(self, made: list[str]) -> dict[str, Any]:
+        """Waits (up to WAIT_S) for every consumer to have every task, then says
+        how many each missed or got twice, and the consumers' CPU per frame."""
+        assert self.process.stdout is not None and self.process.stdin is not None
+        self.process.stdin.write(json.dumps(made) + "\n")
+        self.process.stdin.flush()
+        answer = json.loads(self.process.stdout.readline() or "{}")
+        frames = max(int(answer.get("frames", 0)), 1)
+        return {"missing": answer.get("missing", len(made)), "twice": answer.get("twice", 0),
+                "ended": answer.get("ended", {}),
+                "consumer_cpu_us_per_frame": round(answer.get("cpu_ns", 0) / 1e3 / frames, 2)}
 
     def stop(self) -> None:
-        with contextlib.suppress(OSError):
-            self.sock.shutdown(socket.SHUT_RDWR)
-        self.thread.join(timeout=WAIT_S)
-        self.conn.close()
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait(timeout=WAIT_S)
 
 
 def _head(port: int, token: str, workspace: uuid.UUID) -> int:
@@ -99,34 +102,19 @@ def _creates(port: int, token: str, workspace: uuid.UUID, made: list[str],
     return run
 
 
-def _delivered(consumers: list[Consumer], made: list[str]) -> dict[str, Any]:
-    """Waits (up to WAIT_S) for every consumer to have every task, then says
-    how many each missed or got twice."""
-    deadline = time.monotonic() + WAIT_S
-    wanted = set(made)
-    while time.monotonic() < deadline and any(
-        not wanted <= set(c.created) and not c.ending for c in consumers
-    ):
-        time.sleep(0.1)
-    time.sleep(0.3)  # anything twice would come now
-    missing = sum(len(wanted - set(c.created)) for c in consumers)
-    twice = sum(len(c.created) - len(set(c.created)) for c in consumers)
-    endings = Counter(c.ending for c in consumers if c.ending)
-    return {"missing": missing, "twice": twice, "ended": dict(endings)}
-
-
 def one_count(env: dict[str, str], workers: int, clients: int, seconds: float, count: int,
               token: str, workspace: uuid.UUID, log: Path,
               postgres: PostgresSide) -> dict[str, Any]:
     """Created/s with ``count`` consumers, on a server started afresh."""
     server = Gunicorn(env, workers, log)
-    consumers: list[Consumer] = []
+    consumers: Consumers | None = None
     made: list[str] = []
     failures: Counter[str] = Counter()
     spent: dict[str, Any] = {}
     try:
         after = _head(server.port, token, workspace)
-        consumers = [Consumer(server.port, token, workspace, after) for _ in range(count)]
+        if count:
+            consumers = Consumers(server.port, token, workspace, after, count)
         time.sleep(1.0)  # each caught up and joined its worker's reader
         done, elapsed = concurrent_count(
             lambda: _creates(server.port, token, workspace, made, failures), clients, seconds,
@@ -136,10 +124,10 @@ def one_count(env: dict[str, str], workers: int, clients: int, seconds: float, c
                 cpu=cpu_delta(spent["cpu"], family_cpu(server.process.pid)),
                 pg=None if spent["pg"] is None else cpu_delta(spent["pg"], postgres.cpu())),
         )
-        delivered = _delivered(consumers, made) if consumers else {}
+        delivered = consumers.delivered(made) if consumers else {}
     finally:
-        for consumer in consumers:
-            consumer.stop()
+        if consumers is not None:
+            consumers.stop()
         server.stop()
     timed = max(len(made) - spent["made"], 1)
     result = {"consumers": count, "created_per_s": round(done / elapsed, 1),
@@ -191,7 +179,10 @@ def summary(runs: list[dict[str, Any]], counts: tuple[int, ...]) -> dict[str, An
             "missing": sum(r[key].get("missing", 0) for r in runs),
             "twice": sum(r[key].get("twice", 0) for r in runs),
         }
+        if all("pg_cpu_us_per_created" in r[key] for r in runs):
+            row["pg_cpu_us_per_created"] = _median(runs, key, "pg_cpu_us_per_created")
         if count:
+            row["consumer_cpu_us_per_frame"] = _median(runs, key, "consumer_cpu_us_per_frame")
             row["ratio"] = round(statistics.median(
                 ratio(r[key]["created_per_s"], r["0"]["created_per_s"]) for r in runs), 3)
             row["cpu_us_per_frame_per_consumer"] = round(statistics.median(

@@ -30,6 +30,7 @@ from kandev_es.errors import Contended, InternalError, ProjectionFailed, StoreUn
 from kandev_es.observability import tracing
 from kandev_es.storage.breaker import StoreBreaker, means_read_only, means_unreachable
 from kandev_es.storage.sealing import SealingMapper
+from kandev_es.storage.settled import Followed
 from kandev_es.storage.sqlite_factory import SQLITE_FACTORY_TOPIC
 from kandev_es.storage.sqlite_recorder import SQLITE_RECORDER_TOPIC
 from kandev_es.storage.streams import StreamsAdvanced
@@ -536,18 +537,19 @@ class Tasks(Application):  # type: ignore[type-arg]
             return list(settled_rows(query, params))
 
     def following_rows(
-        self, query: str, params: dict[str, Any]
-    ) -> tuple[list[tuple[Any, ...]], int, int] | None:
+        self, query: str, params: dict[str, Any], watched: Mapping[uuid.UUID, int]
+    ) -> Followed | None:
         """For a reader following the log a moment behind (the feed reader):
         ``query``'s rows up to a settled position in one statement, that
-        position and the log's head (``recorders.following_rows``); None where
-        the store has no such reader (SQLite: use ``settled_rows``)."""
+        position, the log's head and whether a ``watched`` aggregate moved
+        past its version (``recorders.following_rows``); None where the store
+        has no such reader (SQLite: use ``settled_rows``)."""
         following_rows = getattr(self.recorder, "following_rows", None)
         if following_rows is None:
             return None
         with self._store_call():
-            rows, bound, top = following_rows(query, params)
-            return list(rows), int(bound), int(top)
+            found: Followed = following_rows(query, params, watched)
+            return found
 
     def max_notification_id(self) -> int:
         with self._store_call():

@@ -270,3 +270,48 @@ def test_a_transaction_held_open_elsewhere_delays_the_reader_by_the_stall_time_o
         holder.rollback()
         holder.close()
         follower.close()
+
+
+def test_the_reader_asks_about_its_followers_again_only_once_a_token_or_workspace_moved(
+    backend, client, services, workspace, member, operator, monkeypatch
+):
+    """On PostgreSQL the reader's page statement also says whether the tokens
+    and workspaces its last check read have a newer event; only then does it
+    ask again (SQLite asks every pass). A revocation is such an event: the
+    follower is ended, and no event read after it reaches it."""
+    monkeypatch.setattr(fanout, "CHECK_SECONDS", 600.0)  # no timed re-check in the test
+    principal, secret = member
+    access = StreamAccess(services.app)
+    asked: list[int] = []
+    checked = access.checked
+
+    def counting(grants: Any) -> Any:
+        asked.append(len(grants))
+        return checked(grants)
+
+    access.checked = counting  # type: ignore[method-assign]
+    reader = FeedFanout(FeedSource(services.app, services.database), access)
+    follower = reader.subscribe(
+        workspace.id, services.app.max_notification_id(), access.grant(secret, workspace.id)
+    )
+    try:
+        follower.take(0.1)
+        follower.take(0.1)
+        first = made(client, secret, 3, "ASK")
+        assert [e.envelope["subject"] for e in take_until(follower, 3)] == first
+        passes, before = reader.passes, len(asked)
+        second = made(client, secret, 3, "AGAIN")
+        assert [e.envelope["subject"] for e in take_until(follower, 3)] == second
+        assert reader.passes > passes
+        if backend == "postgres":
+            assert len(asked) == before, "asked again though nothing it read had moved"
+        services.tokens.revoke(principal.token_id)
+        made(client, operator[1], 2, "AFTER")
+        deadline = time.monotonic() + WAIT_S
+        with pytest.raises(FeedEnded) as ended:
+            while time.monotonic() < deadline:
+                assert follower.take(0.2) == [], "an event read after the revocation"
+        assert ended.value.reason == "token revoked"
+    finally:
+        follower.close()
+        reader.stop()

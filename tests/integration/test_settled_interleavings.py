@@ -103,13 +103,13 @@ class _Follower:
         self.seen: list[tuple[int, str]] = []
 
     def read(self) -> None:
-        rows, bound, _ = self._app.following_rows(
-            self._query, {"after": self.through, "limit": self.LIMIT}
+        read = self._app.following_rows(
+            self._query, {"after": self.through, "limit": self.LIMIT}, {}
         )
-        found = sorted((int(position), str(originator)) for position, originator in rows)
+        found = sorted((int(position), str(originator)) for position, originator in read.rows)
         self.seen.extend(found)
         full = len(found) >= self.LIMIT
-        self.through = max(self.through, found[-1][0] if full else bound)
+        self.through = max(self.through, found[-1][0] if full else read.bound)
 
     def catch_up(self, head: int) -> None:
         deadline = time.monotonic() + 30

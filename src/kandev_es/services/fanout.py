@@ -11,16 +11,17 @@ process (``FeedFanout``), running while any follower is at the head:
   recorders), and, while none of its own comes, by the log's head moving (one
   small statement every WATCH_SECONDS while it moves, backing off to
   WATCH_IDLE_SECONDS while it is still): the saves of other workers and nodes;
-  it passes at most every COALESCE_SECONDS, so the saves of those
-  milliseconds share one read;
+  it passes at most every COALESCE_SECONDS (BUSY_COALESCE_SECONDS after a pass
+  that handed events out), so the saves of those milliseconds share one read;
 - reads each new page of the followed workspaces' feed rows once, up to the
   position its checkpoints have settled, in one statement (``FeedSource.follow``:
   no pg_locks, no waiting; the writers' settled head of services/feeds.py only at
-  its first pass and when that position is held back STALL_SECONDS), asks once
-  whether the followers may still read (``StreamAccess``: one statement for all
-  their tokens and workspaces),
-  makes each event's JSON and SSE frame once (``FeedEvent``) and hands the same
-  object to every follower of its workspace;
+  its first pass and when that position is held back STALL_SECONDS), asks whether
+  the followers may still read (``StreamAccess``: one statement for all their
+  tokens and workspaces) only when one is new or that statement says one of the
+  tokens and workspaces the last answer read has a newer event, makes each
+  event's JSON and SSE frame once (``FeedEvent``) and hands the same object to
+  every follower of its workspace;
 - never waits for a follower: one that has more than MAX_BEHIND_EVENTS or
   MAX_BEHIND_BYTES waiting is ended ``too slow`` and its queue dropped (an SSE
   client resumes with ``Last-Event-ID``, a deliverer from its stored cursor).
@@ -45,7 +46,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,7 +70,8 @@ from kandev_es.storage.notifier import SAVES, SaveBell
 log = logging.getLogger("kandev_es.feeds")
 
 PAGE = 500  # feed rows a read returns at most
-COALESCE_SECONDS = 0.01
+COALESCE_SECONDS = 0.01  # between passes, after one that found nothing
+BUSY_COALESCE_SECONDS = 0.05  # after one that handed events out: saves keep coming
 WATCH_SECONDS = 0.005
 WATCH_IDLE_SECONDS = 0.05
 STALL_SECONDS = 0.25  # the reader's settled position held back: read to the writers' head
@@ -159,30 +161,35 @@ class FeedSource:
         self.head: Callable[[], int] = app.max_notification_id
         self.top = 0  # the log's head as the reader's last statement saw it
         self._bound = 0  # the highest settled position a following read found
-        self._moved = time.monotonic()  # when that last moved (or reached the head)
+        self._stalled = time.monotonic()  # when that last moved (or reached the head)
 
     def follow(
-        self, after: int, workspaces: Collection[uuid.UUID]
-    ) -> tuple[list[FeedEvent], int]:
+        self,
+        after: int,
+        workspaces: Collection[uuid.UUID],
+        watched: Mapping[uuid.UUID, int] | None = None,
+    ) -> tuple[list[FeedEvent], int, bool]:
         """The reader's read: ``read``'s answer, a moment behind the head
-        (one statement, no pg_locks: ``Tasks.following_rows``). Once the
-        settled position has not moved for STALL_SECONDS while the head is
-        ahead of it (a transaction with an id elsewhere in the cluster holds
-        it back), one ``read`` instead: its head is this table's writers'."""
+        (one statement, no pg_locks: ``Tasks.following_rows``), and whether
+        any ``watched`` aggregate (id: version) has moved past its version
+        (True when that is not known). Once the settled position has not
+        moved for STALL_SECONDS while the head is ahead of it (a transaction
+        with an id elsewhere in the cluster holds it back), one ``read``
+        instead: its head is this table's writers'."""
         params = {"after": after, "workspaces": list(workspaces), "limit": PAGE}
-        found = self._app.following_rows(FOLLOWING_PAGE, params)
+        found = self._app.following_rows(FOLLOWING_PAGE, params, watched or {})
         if found is None:
-            return self.read(after, workspaces)
-        rows, bound, self.top = found
+            return (*self.read(after, workspaces), True)
+        bound, self.top = found.bound, found.top
         now = time.monotonic()
         if bound > self._bound or bound >= self.top:
-            self._bound, self._moved = max(bound, self._bound), now
-        elif now - self._moved >= STALL_SECONDS:
-            self._moved = now
-            return self.read(after, workspaces)
-        events = [feed_event(row) for row in sorted(rows, key=lambda row: int(row[0]))]
+            self._bound, self._stalled = max(bound, self._bound), now
+        elif now - self._stalled >= STALL_SECONDS:
+            self._stalled = now
+            return (*self.read(after, workspaces), True)
+        events = [feed_event(row) for row in sorted(found.rows, key=lambda row: int(row[0]))]
         through = events[-1].position if len(events) >= PAGE else bound
-        return events, max(through, after)
+        return events, max(through, after), found.moved or watched is None
 
     def read(
         self, after: int | None, workspaces: Collection[uuid.UUID], limit: int | None = None
@@ -232,10 +239,21 @@ class StreamAccess:
         return (hash_token(secret) if well_formed(secret, TOKEN_PREFIX) else "", workspace_id)
 
     def __call__(self, grants: Sequence[Grant]) -> list[str | None]:
+        return self.checked(grants)[0]
+
+    def checked(self, grants: Sequence[Grant]) -> tuple[list[str | None], dict[uuid.UUID, int]]:
+        """The reasons, and the versions of the tokens and workspaces they were
+        read at (0: none): the answers hold until one of them has a newer event
+        (the reader asks that in its page's statement: ``FeedSource.follow``)."""
         if not grants:
-            return []
+            return [], {}
         ids = {token_id_for(h) for h, _ in grants if h} | {w for _, w in grants}
         found = self._app.read_many(list(ids))
+        versions = {key: getattr(found.get(key), "version", 0) or 0 for key in ids}
+        return self._reasons(grants, found), versions
+
+    @staticmethod
+    def _reasons(grants: Sequence[Grant], found: Mapping[uuid.UUID, Any]) -> list[str | None]:
         reasons: list[str | None] = []
         for token_hash, workspace_id in grants:
             if token_hash is not None:
@@ -379,6 +397,12 @@ class FeedFanout:
         self._thread: threading.Thread | None = None
         self._stopped = False
         self.passes = 0  # reads of the reader, for tests and the bench
+        self._busy = False  # the last pass handed out events: the next waits longer
+        # The followers' grants' answers as of the last check, and the versions
+        # of the tokens and workspaces that check read (None: not known, every
+        # pass asks again); they hold while none of those has a newer event.
+        self._verdicts: dict[Grant, str | None] = {}
+        self._versions: dict[uuid.UUID, int] | None = None
         on_server_stop(self)
 
     def subscribe(
@@ -459,7 +483,7 @@ class FeedFanout:
                 log.exception("feed reader pass failed")
                 self._end_everyone("feed reader failed")
             watch.through = self._through or 0
-            SERVER_STOPPING.wait(COALESCE_SECONDS)
+            SERVER_STOPPING.wait(BUSY_COALESCE_SECONDS if self._busy else COALESCE_SECONDS)
             watch.wait(rung, checked + CHECK_SECONDS, self.source.top)
 
     def _pass(self) -> None:
@@ -476,19 +500,26 @@ class FeedFanout:
         if after is None:  # from the head as this table's writers settle it
             events, through = self.source.read(after, followed)
         else:
-            events, through = self.source.follow(after, followed)
+            events, through = self._follow(after, followed)
         with self._lock:
             start = through if after is None else after
             for follower in joining:
                 self._followers.setdefault(follower.workspace_id, []).append(follower)
                 follower._joined_from(start)
+        self._busy = bool(events)
         self._hand_out(events)
         self._through = through
         while len(events) >= PAGE:
             metrics.feed_read()
-            events, through = self.source.follow(through, followed)
+            events, through = self._follow(through, followed)
             self._hand_out(events)
             self._through = through
+
+    def _follow(self, after: int, followed: set[uuid.UUID]) -> tuple[list[FeedEvent], int]:
+        events, through, moved = self.source.follow(after, followed, self._versions)
+        if moved:  # a token or workspace of a follower has changed: ask again
+            self._verdicts = {}
+        return events, through
 
     def _hand_out(self, events: list[FeedEvent]) -> None:
         by_workspace: dict[uuid.UUID, list[FeedEvent]] = {}
@@ -505,24 +536,36 @@ class FeedFanout:
                     )
                     metrics.stream_too_slow()
 
-    def _checked(self, followers: list[Subscription]) -> set[Subscription]:
+    def _checked(self, followers: list[Subscription], fresh: bool = False) -> set[Subscription]:
         """The followers that may still read; the others are ended, with why.
-        One read of the store for all of them (none without a grant)."""
+        One read of the store for all of them (none without a grant), unless
+        the last one still holds (``_verdicts``: no token or workspace it read
+        has moved since, as this pass's read said, and it knew every grant)."""
         grants = list(dict.fromkeys(f.grant for f in followers if f.grant is not None))
-        reasons = dict(zip(grants, self.access(grants), strict=True)) if grants else {}
+        if grants and (fresh or any(grant not in self._verdicts for grant in grants)):
+            self._ask(grants)
         allowed: set[Subscription] = set()
         for follower in followers:
-            reason = reasons.get(follower.grant) if follower.grant is not None else None
+            reason = self._verdicts.get(follower.grant) if follower.grant is not None else None
             if reason is None:
                 allowed.add(follower)
             else:
                 follower.end(reason)
         return allowed
 
+    def _ask(self, grants: list[Grant]) -> None:
+        checked = getattr(self.access, "checked", None)
+        if checked is None:  # an access check that does not say what it read
+            reasons, versions = self.access(grants), None
+        else:
+            reasons, versions = checked(grants)
+        self._verdicts = dict(zip(grants, reasons, strict=True))
+        self._versions = versions
+
     def _check_everyone(self) -> None:
         with self._lock:
             everyone = [f for each in self._followers.values() for f in each]
-        self._checked(everyone)
+        self._checked(everyone, fresh=True)
 
     def _end_everyone(self, reason: str) -> None:
         with self._lock:

@@ -32,7 +32,7 @@ import struct
 import time
 import uuid
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -61,7 +61,7 @@ from kandev_es.storage.event_sql import (
 )
 from kandev_es.storage.notifier import SAVES, SaveNotifier
 from kandev_es.storage.pools import serve_most_recent_first
-from kandev_es.storage.settled import Horizon, Settled, Writers
+from kandev_es.storage.settled import Followed, Horizon, Settled, Writers
 from kandev_es.storage.streams import Since, StreamsAdvanced, Versions
 from kandev_es.storage.view_writes import APPLY_VIEWS, ViewsFailed, postgres_function, views_json
 
@@ -522,22 +522,23 @@ class KandevPostgresRecorder(PostgresApplicationRecorder):
             pause = min(pause * 2, 0.05)
 
     def following_rows(
-        self, query: str, params: dict[str, Any]
-    ) -> tuple[list[tuple[Any, ...]], int, int]:
+        self, query: str, params: dict[str, Any], watched: Mapping[uuid.UUID, int]
+    ) -> Followed:
         """For a reader following the log a moment behind (the feed reader):
-        the rows of ``query`` (``{schema}``; bounded by ``b.bound``) up to the
-        position the process's checkpoints have settled, that position and
-        the log's head, in ONE statement (``Horizon.following_sql``). Lags
-        the head by about one save's time while saves come, and by any
-        transaction with an id anywhere in the cluster: the caller falls back
-        to ``settled_rows`` when it stays behind."""
+        the rows of ``query`` (``{schema}``; bounded by ``b.bound``; its first
+        column never null) up to the position the process's checkpoints have
+        settled, that position, the log's head and whether any ``watched``
+        aggregate has an event after the version given, in ONE statement
+        (``Horizon.following_sql``). Lags the head by about one save's time
+        while saves come, and by any transaction with an id anywhere in the
+        cluster: the caller falls back to ``settled_rows`` when it stays
+        behind."""
         statement = self.horizon.following_sql(query.format(schema=self._sequence_prefix[:-1]))
         with _Pooled(self.datastore.pool) as conn:
             rows = _tuples(conn).execute(
-                statement, self.horizon.following_params(params), prepare=True
+                statement, self.horizon.following_params(params, watched), prepare=True
             ).fetchall()
-        bound, top = self.horizon.followed(rows[0])
-        return [row[4:] for row in rows if row[4] is not None], bound, top
+        return self.horizon.followed(rows)
 
     @_retry_once_after_pool_check
     def first_unknown(self, after: int, upto: int, known: Sequence[str]) -> tuple[int, str] | None:

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +51,18 @@ class Settled:
 
     notifications: list[Notification]
     position: int
+
+
+@dataclass(frozen=True)
+class Followed:
+    """A following read (``Horizon.following_sql``): the query's rows up to
+    ``bound`` (settled), the log's head ``top``, and whether a watched
+    aggregate has an event after the version given (``moved``)."""
+
+    rows: list[Sequence[Any]]
+    bound: int
+    top: int
+    moved: bool
 
 
 class Horizon:
@@ -131,20 +143,27 @@ class Horizon:
         xmax), which a later statement settles. Nothing but the snapshot and
         the log's index is read (no pg_locks): a reader passing every few
         milliseconds costs one small statement a pass. When no transaction
-        is under way at all (xmax = xmin), the head itself is settled."""
+        is under way at all (xmax = xmin), the head itself is settled. Also,
+        in the same snapshot, whether any of the aggregates ``%(watched)s``
+        has an event after its version in ``%(versions)s`` (``moved``: the
+        reader's followers' tokens and workspaces, checked again only then)."""
         return (
-            "WITH s AS (SELECT pg_snapshot_xmin(pg_current_snapshot()) AS xmin,"
+            "WITH s AS MATERIALIZED (SELECT pg_snapshot_xmin(pg_current_snapshot()) AS xmin,"
             "  pg_snapshot_xmax(pg_current_snapshot()) AS xmax,"
             f"  (SELECT coalesce(max(notification_id), 0) FROM {self._table_sql}) AS top),"
-            " b AS (SELECT s.xmin, s.xmax, s.top, greatest(%(floor)s::bigint,"
+            " b AS MATERIALIZED (SELECT s.xmin, s.xmax, s.top, greatest(%(floor)s::bigint,"
             "  (SELECT max(c.l) FROM unnest(%(ls)s::bigint[], %(us)s::text[]::xid8[]) AS c(l, u)"
-            "   WHERE c.u <= s.xmin), CASE WHEN s.xmax <= s.xmin THEN s.top END) AS bound"
-            "  FROM s)"
-            " SELECT b.xmin::text, b.bound, b.top, b.xmax::text, q.*"
+            "   WHERE c.u <= s.xmin), CASE WHEN s.xmax <= s.xmin THEN s.top END) AS bound,"
+            "  EXISTS (SELECT FROM unnest(%(watched)s::uuid[], %(versions)s::bigint[]) AS w(id, v)"
+            f"   JOIN {self._table_sql} e ON e.originator_id = w.id"
+            "   AND e.originator_version > w.v) AS moved FROM s)"
+            " SELECT b.xmin::text, b.bound, b.top, b.xmax::text, b.moved, q.*"
             f" FROM b LEFT JOIN LATERAL ({query}) q ON true"
         )
 
-    def following_params(self, params: dict[str, Any]) -> dict[str, Any]:
+    def following_params(
+        self, params: dict[str, Any], watched: Mapping[uuid.UUID, int]
+    ) -> dict[str, Any]:
         with self._lock:
             pending = list(self._pending)
             floor = self._floor
@@ -153,15 +172,19 @@ class Horizon:
             "floor": floor,
             "ls": [upto for upto, _ in pending],
             "us": [str(u) for _, u in pending],
+            "watched": list(watched),
+            "versions": list(watched.values()),
         }
 
-    def followed(self, first: Sequence[Any]) -> tuple[int, int]:
-        """What a ``following_sql`` statement found (its first row): remembers
-        what settled and the checkpoint it took; (settled position, head)."""
-        xmin, bound, top, xmax = int(first[0]), int(first[1]), int(first[2]), int(first[3])
-        self._advance(xmin, bound)
-        self.add(top, xmax)
-        return bound, top
+    def followed(self, rows: Sequence[Sequence[Any]]) -> Followed:
+        """What a ``following_sql`` statement found: remembers what settled
+        and the checkpoint it took."""
+        xmin, bound, top, xmax, moved = rows[0][:5]
+        self._advance(int(xmin), int(bound))
+        self.add(int(top), int(xmax))
+        return Followed(
+            [row[5:] for row in rows if row[5] is not None], int(bound), int(top), bool(moved)
+        )
 
     def raise_floor(self, position: int) -> None:
         """``position`` is settled (another reader proved it: ``Writers``)."""
