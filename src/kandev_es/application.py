@@ -365,6 +365,9 @@ class Tasks(Application):  # type: ignore[type-arg]
         newer: dict[uuid.UUID, list[StoredEvent]] = {}
         for event in stored:
             newer.setdefault(cast(uuid.UUID, event.originator_id), []).append(event)
+        if len(stored) > 1:  # the data keys of their sealed events, in one query
+            with self._store_call():
+                self.keys.prefetch(event.state for event in stored)
         answer: dict[uuid.UUID, Aggregate | None] = {}
         for key, snapshot in zip(wanted, snapshots, strict=True):
             events = newer.get(key)

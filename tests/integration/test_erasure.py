@@ -142,3 +142,20 @@ def test_with_sealing_off_the_free_text_is_cleartext_and_cannot_be_forgotten(set
             plain.forgetting().forget(LOCAL_CLI, task_id, "art. 17", "erase-1")
     finally:
         plain.close()
+
+
+def test_a_read_of_many_streams_fetches_their_keys_in_one_query(services, client, member):
+    made = [create(client, member[1], title=f"{MARKER} {n}").get_json()["id"] for n in range(3)]
+    ids = [uuid.UUID(task_id) for task_id in made]
+    app = services.app
+    app._snapshots = type(app._snapshots)(16)  # a process that read none of them
+    for task_id in ids:
+        app.keys.forget(task_id)
+    reader, calls = app.keys.reader, []
+    app.keys.reader = lambda wanted: calls.append(list(wanted)) or reader(wanted)
+    try:
+        read = app.read_many(ids)
+    finally:
+        app.keys.reader = reader
+    assert [read[task_id].title for task_id in ids] == [f"{MARKER} {n}" for n in range(3)]
+    assert len(calls) == 1 and sorted(calls[0], key=str) == sorted(ids, key=str)

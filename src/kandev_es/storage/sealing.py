@@ -21,9 +21,10 @@ import base64
 import json
 import logging
 import os
+import re
 import threading
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -56,6 +57,8 @@ SEALED_FIELDS: dict[str, tuple[tuple[tuple[str, ...], ...], tuple[str, ...]]] = 
 NEW_TASK = frozenset(get_topic(c) for c in (Task.Created, Task.CreatedActive, Identity.Claimed))
 _FORGOTTEN = get_topic(Task.Forgotten)
 KEY_CACHE_SIZE = 16384
+# A sealed event's task, as the encoder writes its member (compact, in order).
+_SEALED_TASK = re.compile(rb'"sealed":\{"v":1,"task":"([0-9a-f]{32})"')
 # One encoder for every box (json.dumps with options makes one per call).
 _ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 log = logging.getLogger("kandev_es.store")
@@ -158,6 +161,19 @@ class TaskKeys:
             if key is not None:
                 self.remember(task_id, key)
         return key
+
+    def prefetch(self, states: Iterable[bytes]) -> None:
+        """Read, in one query, the keys of the sealed events among ``states``
+        (stored bytes) that this process does not know: a read of many
+        streams (a batch's window) then decodes them without a query each."""
+        if self.reader is None:
+            return
+        wanted = {m.group(1) for state in states if (m := _SEALED_TASK.search(state))}
+        missing = [uuid.UUID(hex=h.decode()) for h in wanted]
+        missing = [task for task in missing if task not in self._known]
+        if missing:
+            for task_id, key in self.reader(missing).items():
+                self.remember(task_id, key)
 
     def remember(self, task_id: uuid.UUID, key: bytes) -> None:
         with self._lock:
