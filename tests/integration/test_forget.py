@@ -6,6 +6,7 @@ nowhere in the store (the SQLite files; PostgreSQL's dump and table files)."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import subprocess
 import uuid
@@ -239,3 +240,17 @@ def test_the_auditors_page_shows_a_forgotten_task_as_forgotten(
     assert page.status_code == 200
     html = page.get_data(as_text=True)
     assert "(forgotten)" in html and MARKER not in html and "Forgotten" in html
+
+
+def test_the_cli_forgets_a_task_as_the_route_does(client, services, member, cli):
+    made = create(client, member[1], title=f"{MARKER} cli").json
+    done = cli("task", "forget", made["id"], "--reason", "art. 17", "--json")
+    assert done.exit_code == 0, done.output
+    answer = json.loads(done.stdout)
+    assert (answer["forgotten"], answer["actor"], answer["replayed"]) == (True, "cli", False)
+    again = cli("task", "forget", made["id"], "--reason", "art. 17", "--json")
+    assert json.loads(again.stdout)["replayed"] is True
+    shown = cli("task", "get", made["id"], "--json")
+    assert MARKER not in shown.stdout and json.loads(shown.stdout)["title"] is None
+    refused = cli("task", "forget", str(uuid.uuid4()), "--reason", "art. 17")
+    assert refused.exit_code != 0 and "task not found" in refused.output
