@@ -88,14 +88,40 @@ def _run(settings, *args: str, **extra: str):
     )
 
 
+def _in_process(settings, *args: str, **extra: str):
+    """`kandev-es` run in this process (click's runner) with the environment
+    ``_run`` gives its subprocess, the root logger as it was after: for the
+    many usage errors and help pages of one test, where each process's start
+    (about 1 s of imports) proves nothing one subprocess case does not."""
+    import logging
+    import subprocess
+
+    from click.testing import CliRunner
+
+    from kandev_es.cli import main
+    from tests.support.served import environment
+
+    env: dict[str, str | None] = dict(environment(settings, COLUMNS="80", **extra))
+    env.update({k: None for k in os.environ if k.startswith("KANDEV_") and k not in env})
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        result = CliRunner().invoke(main, list(args), env=env, prog_name="kandev-es")
+    finally:
+        root.handlers[:], root.level = handlers, level
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    return subprocess.CompletedProcess(args, result.exit_code, result.stdout, result.stderr)
+
+
 def test_help_shows_whole_summaries(tmp_path):
     from kandev_es.config import Settings
 
     settings = Settings(data_dir=tmp_path / "data")
     groups = [(), ("db",), ("projections",), ("identity",), ("audit",), ("agentctl",),
               ("agentctl", "task"), ("token",), ("workspace",), ("task",)]
-    for group in groups:
-        result = _run(settings, *group, "--help")
+    for group in groups:  # the first in a real process, the rest in this one
+        run = _in_process if group else _run
+        result = run(settings, *group, "--help")
         assert result.returncode == 0, result.stderr
         assert "Commands:" in result.stdout
         assert "..." not in result.stdout.split("Commands:", 1)[1], (group, result.stdout)
@@ -199,8 +225,9 @@ def test_every_bad_option_value_is_a_one_line_usage_error_that_starts_nothing(tm
     from kandev_es.config import Settings
 
     settings = Settings(data_dir=tmp_path / "data")
-    for args, option, says in BAD_VALUES:
-        result = _run(settings, *args)
+    for index, (args, option, says) in enumerate(BAD_VALUES):
+        # The first in a real process (what reaches its stderr), the rest in this one.
+        result = (_in_process if index else _run)(settings, *args)
         assert result.returncode == 2, (args, result.stdout, result.stderr)
         assert result.stdout == "", args
         [line] = result.stderr.splitlines()

@@ -152,21 +152,36 @@ def test_a_page_loading_a_font_from_another_host_is_reported():
         "https://fonts.googleapis.com/css?family=Roboto"]
 
 
+def warnings(stderr: str) -> list[str]:
+    """mkdocs' WARNING records in ``stderr``, each with its continuation lines."""
+    records: list[str] = []
+    for line in stderr.splitlines():
+        if re.match(r"[A-Z]+ +- ", line):
+            records.append(line)
+        elif records:
+            records[-1] += "\n" + line
+    return [record for record in records if record.startswith("WARNING")]
+
+
 def test_a_broken_link_or_a_page_left_out_of_the_nav_fails_the_build(tmp_path):
+    """A link to no page, an anchor no page has and a page out of the nav, in
+    one build (strict mode reports every warning, then fails): each is a
+    WARNING of its own, so each alone fails the build."""
     copy = tmp_path / "repo"
     for name in ("docs", "http", "scripts"):
         shutil.copytree(ROOT / name, copy / name)
     shutil.copy(ROOT / "mkdocs.yml", copy / "mkdocs.yml")
     page = copy / "docs" / "operations.md"
-    original = page.read_text(encoding="utf-8")
-    for broken in ("[gone](no-such-page.md)", "[gone](api.md#no-such-anchor)"):
-        page.write_text(original + f"\n{broken}\n", encoding="utf-8")
-        done = build(copy, tmp_path / "site")
-        assert done.returncode != 0 and "no-such" in done.stderr, broken
-    page.write_text(original, encoding="utf-8")
+    broken = ("[gone](no-such-page.md)", "[gone](api.md#no-such-anchor)")
+    page.write_text(page.read_text(encoding="utf-8") + "".join(f"\n{b}\n" for b in broken),
+                    encoding="utf-8")
     (copy / "docs" / "orphan.md").write_text("# Orphan\n", encoding="utf-8")
     done = build(copy, tmp_path / "site")
-    assert done.returncode != 0 and "orphan.md" in done.stderr
+    assert done.returncode != 0, done.stderr
+    warned = warnings(done.stderr)
+    for needle in ("'no-such-page.md'", "'#no-such-anchor'", "- orphan.md"):
+        assert sum(needle in record for record in warned) == 1, (needle, done.stderr)
+    assert "Aborted with 3 warnings in strict mode" in done.stdout + done.stderr
 
 
 def settings_read() -> set[str]:
