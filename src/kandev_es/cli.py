@@ -312,7 +312,7 @@ def runtime(once: bool, poll: float, parked: bool) -> None:
     help="serve this process's metrics at http://127.0.0.1:PORT/metrics (run apart from a"
     " server, whose /metrics does not include it)",
 )
-@click.option("--parent", type=int, default=None, hidden=True,
+@click.option("--parent", type=click.IntRange(min=1), default=None, hidden=True,
               help="stop once the process with this pid is no longer the parent")
 @store_options
 def background(agent_api_url: str | None, metrics_port: int | None, parent: int | None) -> None:
