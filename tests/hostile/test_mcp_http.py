@@ -88,19 +88,20 @@ def _initialize(http: httpx.Client, url: str, authorization: str | None) -> http
     return http.post(url, json=INITIALIZE, headers=headers)
 
 
-@pytest.mark.parametrize(
-    "authorization",
-    [None, "Bearer", "Basic a2FuZGV2OmVz", "Bearer garbage", "Bearer kes_" + "A" * 43],
-)
+UNAUTHENTICATED = [None, "Bearer", "Basic a2FuZGV2OmVz", "Bearer garbage", "Bearer kes_" + "A" * 43]
+
+
 def test_initialize_without_a_valid_token_is_refused_401_before_any_session(
-    settings, services, mcp_url, authorization
+    settings, services, mcp_url
 ):
-    with httpx.Client(timeout=30) as http:
-        answer = _initialize(http, mcp_url, authorization)
-    assert answer.status_code == 401
-    assert answer.json()["error"] == "unauthenticated"
-    assert answer.headers["www-authenticate"] == "Bearer"
-    assert "mcp-session-id" not in answer.headers
+    # One served process for every case (each of its own cost a process start).
+    for authorization in UNAUTHENTICATED:
+        with httpx.Client(timeout=30) as http:
+            answer = _initialize(http, mcp_url, authorization)
+        assert answer.status_code == 401, authorization
+        assert answer.json()["error"] == "unauthenticated", authorization
+        assert answer.headers["www-authenticate"] == "Bearer", authorization
+        assert "mcp-session-id" not in answer.headers, authorization
 
 
 def test_a_revoked_token_is_refused_at_the_door(settings, services, member, mcp_url):
@@ -113,17 +114,17 @@ def test_a_revoked_token_is_refused_at_the_door(settings, services, member, mcp_
     assert after.status_code == 401 and after.json()["error"] == "unauthenticated"
 
 
-@pytest.mark.parametrize("method", ["GET", "DELETE", "PUT"])
 def test_a_token_holder_gets_only_post_so_no_stream_is_held_open(
-    settings, services, member, mcp_url, method
+    settings, services, member, mcp_url
 ):
     _, secret = member
     headers = {"Authorization": f"Bearer {secret}", "Accept": "text/event-stream"}
-    with httpx.Client(timeout=10) as http:
-        answer = http.request(method, mcp_url, headers=headers)
-    assert answer.status_code == 405
-    assert answer.json()["error"] == "method_not_allowed"
-    assert answer.headers["allow"] == "POST"
+    for method in ("GET", "DELETE", "PUT"):
+        with httpx.Client(timeout=10) as http:
+            answer = http.request(method, mcp_url, headers=headers)
+        assert answer.status_code == 405, method
+        assert answer.json()["error"] == "method_not_allowed", method
+        assert answer.headers["allow"] == "POST", method
 
 
 def _rss_kib(pid: int) -> int:
