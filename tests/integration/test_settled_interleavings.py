@@ -225,3 +225,37 @@ def test_db_init_makes_the_notification_sequence_hand_out_one_id_at_a_time(
         early.close()
         late.close()
     _assert_exactly_once_in_order(_seen(services), committed)
+
+
+@pytest.mark.postgres_only
+def test_a_save_that_took_its_id_after_the_last_completed_one_holds_the_followers_back(
+    services, settings, workspace
+) -> None:
+    """A (transaction id first) and B (next id) both save, B's event drawn
+    between A's two draws; A commits, B is still open. The snapshot's xmax is
+    then A's id + 1 = B's id, and xmin is B's id: a checkpoint whose U were
+    that xmax would settle at once, and B's event, committed later, would be
+    passed for good by a reader and by the projection loop's settled read."""
+    app = services.app
+    follower = _Follower(app)
+    a, b = _connect(settings), _connect(settings)
+    try:
+        a.execute("SELECT pg_current_xact_id()")
+        b.execute("SELECT pg_current_xact_id()")
+        first_a, _ = _save(app, a, workspace.id)
+        late_b, position_b = _save(app, b, workspace.id)
+        second_a, _ = _save(app, a, workspace.id)
+        a.commit()
+        for _ in range(3):  # checkpoints taken and looked at while B is open
+            follower.read()
+            app.recorder.checkpoint()
+            app.recorder.read_settled(follower.through, 100)
+        assert follower.through < position_b, "passed a save still open"
+        settled = app.recorder.read_settled(0, 10_000).position
+        assert settled < position_b, "the loop's settled read passed a save still open"
+        b.commit()
+        follower.catch_up(app.max_notification_id())
+    finally:
+        a.close()
+        b.close()
+    assert [originator for _, originator in follower.seen] == [first_a, late_b, second_a]

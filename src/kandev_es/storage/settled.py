@@ -10,10 +10,14 @@ an id that may still appear. This module finds how far that is safe.
   default in ``recorders.UPGRADE``), so a transaction that drew an id has a
   lower transaction id than any transaction id assigned after the draw.
 - A **checkpoint** (L, U): L is the highest id visible in one statement's
-  snapshot, U that snapshot's xmax (the first transaction id not yet
-  assigned when it was taken). Every id <= L was drawn before L was (ids are
-  drawn one at a time, in time order), so before that snapshot, by a
-  transaction that already had its id: one below U. Taking a checkpoint
+  snapshot, U above every transaction id assigned when it was taken
+  (``CHECKPOINT_XMAX``: the snapshot's xmax, or the highest id of a backend
+  still running right after it + 1; xmax alone is the latest completed id +
+  1, and a later save can run at or above it). Every id <= L was drawn before
+  L was (ids are drawn one at a time, in time order), so before that
+  snapshot, by a transaction that already had its id: one below U, or one
+  that ended between the snapshot and the backends' scan (visible to any
+  later statement). Taking a checkpoint
   assigns no transaction id, so it writes nothing (no WAL flush, no commit).
 - Once a later statement's ``pg_snapshot_xmin(pg_current_snapshot())`` is
   >= U, every transaction below U has ended (PostgreSQL: ids below xmin are
@@ -42,6 +46,22 @@ from typing import Any
 from eventsourcing.persistence import Notification
 
 MAX_PENDING = 16
+# A checkpoint's U: above every transaction id assigned before its snapshot.
+# The snapshot's xmax alone is not: it is the latest *completed* id + 1, so a
+# save that took its id after another's and is still running can lie at or
+# above it (then no xmin ever waits for it, and an id it drew below L, to
+# commit later, would be passed for good). Every such save still running is a
+# backend with that id (pg_stat_activity's backend_xid, read after the
+# snapshot, as a full id near xmax); one that ended since is visible to any
+# later statement. Read with psycopg's parameters (%% for %).
+CHECKPOINT_XMAX = (
+    "greatest(pg_snapshot_xmax(pg_current_snapshot()), (SELECT max((r.x"
+    " + ((a.backend_xid::text::bigint - r.x %% 4294967296 + 6442450944) %% 4294967296)"
+    " - 2147483648 + 1)::text::xid8)"
+    " FROM pg_stat_get_activity(NULL) a,"
+    " (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS x) r"
+    " WHERE a.backend_xid IS NOT NULL))"
+)
 
 
 @dataclass(frozen=True)
@@ -76,7 +96,7 @@ class Horizon:
         self.checkpoint_sql = (
             f"SELECT coalesce(max(notification_id), 0),"
             f" CASE WHEN coalesce(max(notification_id), 0) > %s"
-            f" THEN pg_snapshot_xmax(pg_current_snapshot())::text END FROM {table_sql}"
+            f" THEN {CHECKPOINT_XMAX}::text END FROM {table_sql}"
         )
         self._read_sql: dict[bool, str] = {
             filtered: self._read_statement(table_sql, filtered) for filtered in (False, True)
@@ -142,18 +162,17 @@ class Horizon:
         log's head, and a checkpoint of this same snapshot (its head and
         xmax), which a later statement settles. Nothing but the snapshot and
         the log's index is read (no pg_locks): a reader passing every few
-        milliseconds costs one small statement a pass. When no transaction
-        is under way at all (xmax = xmin), the head itself is settled. Also,
+        milliseconds costs one small statement a pass. Also,
         in the same snapshot, whether any of the aggregates ``%(watched)s``
         has an event after its version in ``%(versions)s`` (``moved``: the
         reader's followers' tokens and workspaces, checked again only then)."""
         return (
             "WITH s AS MATERIALIZED (SELECT pg_snapshot_xmin(pg_current_snapshot()) AS xmin,"
-            "  pg_snapshot_xmax(pg_current_snapshot()) AS xmax,"
+            f"  {CHECKPOINT_XMAX} AS xmax,"
             f"  (SELECT coalesce(max(notification_id), 0) FROM {self._table_sql}) AS top),"
             " b AS MATERIALIZED (SELECT s.xmin, s.xmax, s.top, greatest(%(floor)s::bigint,"
             "  (SELECT max(c.l) FROM unnest(%(ls)s::bigint[], %(us)s::text[]::xid8[]) AS c(l, u)"
-            "   WHERE c.u <= s.xmin), CASE WHEN s.xmax <= s.xmin THEN s.top END) AS bound,"
+            "   WHERE c.u <= s.xmin)) AS bound,"
             "  EXISTS (SELECT FROM unnest(%(watched)s::uuid[], %(versions)s::bigint[]) AS w(id, v)"
             f"   JOIN {self._table_sql} e ON e.originator_id = w.id"
             "   AND e.originator_version > w.v) AS moved FROM s)"
