@@ -11,13 +11,11 @@ an id that may still appear. This module finds how far that is safe.
   lower transaction id than any transaction id assigned after the draw.
 - A **checkpoint** (L, U): L is the highest id visible in one statement's
   snapshot, U above every transaction id assigned when it was taken
-  (``CHECKPOINT_XMAX``: the snapshot's xmax, or the highest id of a backend
-  still running right after it + 1; xmax alone is the latest completed id +
-  1, and a later save can run at or above it). Every id <= L was drawn before
+  (``CHECKPOINT_XMAX``: PostgreSQL's next transaction id as the statement
+  runs; the snapshot's xmax alone is the latest completed id + 1, and a later
+  save can run at or above it). Every id <= L was drawn before
   L was (ids are drawn one at a time, in time order), so before that
-  snapshot, by a transaction that already had its id: one below U, or one
-  that ended between the snapshot and the backends' scan (visible to any
-  later statement). Taking a checkpoint
+  snapshot, by a transaction that already had its id: one below U. Taking a checkpoint
   assigns no transaction id, so it writes nothing (no WAL flush, no commit).
 - Once a later statement's ``pg_snapshot_xmin(pg_current_snapshot())`` is
   >= U, every transaction below U has ended (PostgreSQL: ids below xmin are
@@ -50,17 +48,14 @@ MAX_PENDING = 16
 # The snapshot's xmax alone is not: it is the latest *completed* id + 1, so a
 # save that took its id after another's and is still running can lie at or
 # above it (then no xmin ever waits for it, and an id it drew below L, to
-# commit later, would be passed for good). Every such save still running is a
-# backend with that id (pg_stat_activity's backend_xid, read after the
-# snapshot, as a full id near xmax); one that ended since is visible to any
-# later statement. Read with psycopg's parameters (%% for %).
+# commit later, would be passed for good). PostgreSQL's next id, read while
+# the statement runs (after its snapshot), is: ``age(xid)`` is that id minus
+# ``xid`` in a statement that has no id of its own (GetStableLatestTransactionId).
+# Read with psycopg's parameters (%% for %).
 CHECKPOINT_XMAX = (
-    "greatest(pg_snapshot_xmax(pg_current_snapshot()), (SELECT max((r.x"
-    " + ((a.backend_xid::text::bigint - r.x %% 4294967296 + 6442450944) %% 4294967296)"
-    " - 2147483648 + 1)::text::xid8)"
-    " FROM pg_stat_get_activity(NULL) a,"
-    " (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS x) r"
-    " WHERE a.backend_xid IS NOT NULL))"
+    "(pg_snapshot_xmax(pg_current_snapshot())::text::bigint + greatest(0, age(("
+    "pg_snapshot_xmax(pg_current_snapshot())::text::bigint %% 4294967296)::text::xid)))"
+    "::text::xid8"
 )
 
 
