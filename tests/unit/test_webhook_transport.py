@@ -213,3 +213,29 @@ def test_tls_is_verified_by_name(serve, tmp_path, monkeypatch) -> None:
     got = deliver(url, 2)
     assert [o.status for o in got] == [200, 200] and got[0].snippet == "ok"
     assert f"host: localhost:{server.port}\r\n".encode() in server.requests[-1][1]
+
+
+def test_every_interim_answer_is_skipped_not_only_100(serve) -> None:
+    # http.client skips a 100 itself; a 103 (or 102) is skipped here, its head read
+    hints = b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>\r\n\r\nHTTP/1.1 102 Processing\r\n\r\n"
+    answer = hints + b"HTTP/1.1 201 Created\r\nContent-Length: 2\r\n\r\nok"
+    server = serve(lambda conn, nth: answer)
+    got = deliver(f"http://127.0.0.1:{server.port}/", 2)
+    assert [(o.status, o.snippet) for o in got] == [(201, "ok"), (201, "ok")]
+    assert server.connections == 1
+
+
+def test_a_head_of_over_100_headers_is_a_bounded_failure(serve) -> None:
+    head = b"HTTP/1.1 200 OK\r\n" + b"X: a\r\n" * 101  # http.client's own limit
+    server = serve(lambda conn, nth: head + b"Content-Length: 0\r\n\r\n")
+    [outcome] = deliver(f"http://127.0.0.1:{server.port}/", 1)
+    assert outcome.status is None and "head is over 100 headers" in outcome.snippet, outcome
+
+
+def test_a_head_of_many_short_lines_is_cut_at_head_read(serve) -> None:
+    # 90 headers of 800 bytes: each line and their count within http.client's
+    # limits, the head over HEAD_READ bytes
+    head = b"HTTP/1.1 200 OK\r\n" + b"".join(b"X%d: %s\r\n" % (n, b"a" * 800) for n in range(90))
+    server = serve(lambda conn, nth: head + b"Content-Length: 0\r\n\r\n")
+    [outcome] = deliver(f"http://127.0.0.1:{server.port}/", 1)
+    assert outcome.status is None and "head is over" in outcome.snippet, outcome
