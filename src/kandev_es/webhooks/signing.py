@@ -30,7 +30,6 @@ import hashlib
 import hmac
 import logging
 import math
-import os
 import secrets
 import threading
 import time
@@ -43,6 +42,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from kandev_es.errors import WebhookKeyMissing
+from kandev_es.services.ledger_keys import write_private
 
 log = logging.getLogger("kandev_es.webhooks")
 SECRET_PREFIX = "whsec_"
@@ -145,34 +145,13 @@ class Keyring:
         return Keyring(WebhookKey.generate(), tuple(kept))
 
 
-def _write(path: Path, ring: Keyring, exclusive: bool) -> bool:
-    """``ring`` into ``path`` (mode 0600): made anew when ``exclusive`` (False:
-    it exists), else replaced at once (readers see the old file or the new)."""
-    target = path if exclusive else path.with_name(f".{path.name}.{os.getpid()}.new")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
-    try:
-        fd = os.open(target, flags, 0o600)
-    except FileExistsError:
-        if exclusive:
-            return False
-        target.unlink()
-        fd = os.open(target, flags, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as file:
-        file.write(ring.text())
-        file.flush()
-        os.fsync(file.fileno())
-    if not exclusive:
-        os.replace(target, path)
-    return True
-
-
 def load_keyring(path: Path, create: bool = False) -> Keyring:
     """The webhook keys from ``path``; made there (mode 0600) when ``create``
     and missing. Another process making it first wins: its key is read."""
     if not path.exists() and create:
         path.parent.mkdir(parents=True, exist_ok=True)
         ring = Keyring(WebhookKey.generate())
-        if _write(path, ring, exclusive=True):
+        if write_private(path, ring.text(), exclusive=True):
             log.info("webhooks: made the signing key %s (%s)", path, ring.current.public_key())
             return ring
     try:
@@ -193,7 +172,7 @@ def rotate_key(path: Path, overlap: float, now: float | None = None) -> Keyring:
     beside it for ``overlap`` seconds. Every node reads the file again within
     RELOAD_SECONDS (copy it to the other nodes' key file within the overlap)."""
     ring = load_keyring(path).rotated(time.time() if now is None else now, overlap)
-    _write(path, ring, exclusive=False)
+    write_private(path, ring.text())
     log.warning(
         "webhooks: rotated the signing key %s: %s signs now, the old one for %.0f s more",
         path,
