@@ -28,6 +28,32 @@ def services() -> Services:
 
 
 RUN_ID_HEADER = "X-Kandev-Run-Id"
+IDEMPOTENCY_KEY_HEADER = "Idempotency-Key"
+REPLAYED_HEADER = "Idempotent-Replayed"
+
+
+def idempotency_key_parameter(
+    description: str, required: bool = True, schema: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The ``Idempotency-Key`` header as an OpenAPI parameter of a route that
+    takes one (what the key names differs by route; the header does not)."""
+    return {
+        "name": IDEMPOTENCY_KEY_HEADER,
+        "in": "header",
+        "required": required,
+        "schema": {"type": "string", **(schema or {})},
+        "description": description,
+    }
+
+
+def idempotency_key() -> str | None:
+    """This request's ``Idempotency-Key``, as sent (the service checks it)."""
+    return request.headers.get(IDEMPOTENCY_KEY_HEADER)
+
+
+def replayed_header(replayed: bool) -> dict[str, str]:
+    """``Idempotent-Replayed``: whether the answer is a stored one."""
+    return {REPLAYED_HEADER: "true" if replayed else "false"}
 
 
 def bearer_secret() -> str | None:

@@ -13,7 +13,14 @@ from flask.views import MethodView
 from flask_smorest import Blueprint
 from marshmallow import Schema, fields
 
-from kandev_es.api.context import path_uuid, principal, services
+from kandev_es.api.context import (
+    idempotency_key,
+    idempotency_key_parameter,
+    path_uuid,
+    principal,
+    replayed_header,
+    services,
+)
 from kandev_es.api.errors import document_errors
 from kandev_es.domain.principal import require_operator
 from kandev_es.errors import BadRequest, IdentityNotFound
@@ -23,13 +30,9 @@ blp = Blueprint(
     "parked", __name__, url_prefix="/api/v1", description="Parked creations (operators)"
 )
 
-KEY = {
-    "name": "Idempotency-Key",
-    "in": "header",
-    "required": True,
-    "schema": {"type": "string"},
-    "description": "the stable operation id: a replay answers the first call's creation",
-}
+KEY = idempotency_key_parameter(
+    "the stable operation id: a replay answers the first call's creation"
+)
 TENURE = {
     "name": "tenure",
     "in": "query",
@@ -99,11 +102,11 @@ def _settle(action: str, workspace_id: str, identity_id: str) -> Any:
         action,
         workspace,
         path_uuid(identity_id, "identity id"),
-        request.headers.get("Idempotency-Key"),
+        idempotency_key(),
         actor=who.actor,
         tenure=int(raw) if raw is not None else None,
     )
-    return result.body, 200, {"Idempotent-Replayed": "true" if result.replayed else "false"}
+    return result.body, 200, replayed_header(result.replayed)
 
 
 @blp.route("/workspaces/<workspace_id>/creations/<identity_id>/retry")

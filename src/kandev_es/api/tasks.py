@@ -15,11 +15,14 @@ from marshmallow import Schema, fields, validate
 from kandev_es.api.answers import create_answer
 from kandev_es.api.context import (
     create_principal,
+    idempotency_key,
+    idempotency_key_parameter,
     json_object,
     own_task_principal,
     path_uuid,
     path_workspace,
     principal,
+    replayed_header,
     services,
 )
 from kandev_es.api.errors import document_errors
@@ -163,18 +166,14 @@ class TaskBatch(MethodView):
     )
     @blp.doc(
         parameters=[
-            {
-                "name": "Idempotency-Key",
-                "in": "header",
-                "required": False,
-                "schema": {"type": "string", "minLength": 1, "maxLength": 200},
-                "description": (
-                    "optional: the same key again replays the first batch's results "
-                    "(Idempotent-Replayed: true); with another body 422 "
-                    "idempotency_key_reused; while the first is processed 409 "
-                    "batch_in_progress"
-                ),
-            }
+            idempotency_key_parameter(
+                "optional: the same key again replays the first batch's results "
+                "(Idempotent-Replayed: true); with another body 422 "
+                "idempotency_key_reused; while the first is processed 409 "
+                "batch_in_progress",
+                required=False,
+                schema={"minLength": 1, "maxLength": 200},
+            )
         ],
     )
     @blp.response(200, BatchCreateResponseSchema)
@@ -196,11 +195,11 @@ class TaskBatch(MethodView):
         replays the first answer.
         """
         body = json_object(unique_keys=True)
-        key = request.headers.get("Idempotency-Key")
+        key = idempotency_key()
         result = services().batch.create_many(principal(), body, key)
         answer = _batch_answer(result)
         if key is not None:
-            answer.headers["Idempotent-Replayed"] = "true" if result.replayed else "false"
+            answer.headers.update(replayed_header(result.replayed))
         return answer
 
 
@@ -262,13 +261,7 @@ class TaskLookup(MethodView):
                 "schema": {"type": "string"},
                 "description": "the external ID to release from the task holding it",
             },
-            {
-                "name": "Idempotency-Key",
-                "in": "header",
-                "required": True,
-                "schema": {"type": "string"},
-                "description": "the stable release operation id",
-            },
+            idempotency_key_parameter("the stable release operation id"),
         ],
     )
     @blp.response(200, ReleaseResponseSchema)
@@ -288,10 +281,10 @@ class TaskLookup(MethodView):
         result = services().release.release(
             workspace,
             request.args.get("external_id"),
-            request.headers.get("Idempotency-Key"),
+            idempotency_key(),
             actor=who.actor,
         )
-        headers = {"Idempotent-Replayed": "true" if result.replayed else "false"}
+        headers = replayed_header(result.replayed)
         if not result.released:  # no holder: the stored answer
             return jsonify(with_request_id(result.body)), http_status(NO_HOLDER), headers
         return result.body, 200, headers
@@ -391,13 +384,7 @@ class TaskArchive(MethodView):
 class TaskForget(MethodView):
     @blp.doc(
         parameters=[
-            {
-                "name": "Idempotency-Key",
-                "in": "header",
-                "required": True,
-                "schema": {"type": "string"},
-                "description": "the stable operation id of this erasure",
-            }
+            idempotency_key_parameter("the stable operation id of this erasure")
         ],
         requestBody={
             "required": True,
@@ -420,9 +407,9 @@ class TaskForget(MethodView):
         wanted = path_uuid(task_id, "task id")
         body = json_object()
         result = services().forgetting().forget(
-            principal(), wanted, body.get("reason"), request.headers.get("Idempotency-Key")
+            principal(), wanted, body.get("reason"), idempotency_key()
         )
-        return result.body, 200, {"Idempotent-Replayed": "true" if result.replayed else "false"}
+        return result.body, 200, replayed_header(result.replayed)
 
 
 def _if_match_revision() -> int | None:
