@@ -1,4 +1,9 @@
-"""The `kandev-es` command: serve, db init, workspaces, tokens, projections."""
+"""The `kandev-es` command: serve, db init, workspaces, tokens, projections.
+
+Every `kandev-es` start imports this module and the cli_* modules it registers:
+they import only click, the settings and the error types at the top; a command
+imports the store, the server or rich when it runs (`kandev-es --help` and a
+usage error load none of them)."""
 
 from __future__ import annotations
 
@@ -11,7 +16,6 @@ from typing import Any
 import click
 
 from kandev_es import __version__
-from kandev_es.bootstrap import bootstrap, init_storage, store_exists
 from kandev_es.cli_agentctl import register as register_agentctl
 from kandev_es.cli_import import register as register_import
 from kandev_es.cli_ledger import backfill_ledger
@@ -96,6 +100,8 @@ def db_init() -> None:
     """Create the event store and read-model tables (once, before workers start;
     again after an upgrade: it is idempotent). On PostgreSQL a second line says
     whether a commit waits for a synchronous standby."""
+    from kandev_es.bootstrap import init_storage, store_exists
+
     settings = store_settings()
     store_exists(settings)  # an unreachable database: one line, before any pool retries
     found = init_storage(settings)
@@ -369,6 +375,7 @@ def serve(host: str, port: int, workers: int | None, threads: int) -> None:
     \b
       kandev-es --log-level debug serve
     """
+    from kandev_es.bootstrap import init_storage
     from kandev_es.server import first_start, run_server, served_at
 
     require_free_address(host, port)  # before the store and the first-start token
@@ -396,6 +403,7 @@ def mcp_server(over_http: bool, host: str, port: int) -> None:
     """Run the MCP server. stdio acts with the token in KANDEV_TOKEN; --http with
     each request's Authorization: Bearer header (endpoint /mcp, POST only, no
     sessions; a request without a valid token is 401 before anything is kept)."""
+    from kandev_es.bootstrap import bootstrap
     from kandev_es.config import take_mcp_token
     from kandev_es.mcp.server import serve_stdio
     from kandev_es.mcp_http import serve as serve_http

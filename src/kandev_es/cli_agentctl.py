@@ -10,7 +10,6 @@ from typing import Any
 
 import click
 
-from kandev_es.agentctl import task_create
 from kandev_es.config import load_run_credential
 
 
@@ -46,6 +45,8 @@ def agentctl_task_create(
 
     deduplicated=true with creation_complete=false means another create owns the
     identity and has not finished: use that task id; never release and recreate."""
+    from kandev_es.agentctl import task_create
+
     try:
         credential = load_run_credential()
     except LookupError as error:

@@ -16,20 +16,16 @@ import sys
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import click
-from rich import box
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
-from kandev_es.bulk.results import FAILED, OUTCOMES
 from kandev_es.cli_usage import open_store, store_options, workspace_id
-from kandev_es.client import BatchItem, Client, ClientError, DeadlineExceeded
 from kandev_es.config import CLIENT_TOKEN_VARIABLE, client_token
-from kandev_es.domain.principal import LOCAL_CLI
 from kandev_es.errors import KandevError
+
+if TYPE_CHECKING:  # the client, rich and the domain load when an import runs, not for --help
+    from kandev_es.client import BatchItem
 
 LIST_COLUMNS = ("repositories", "attachments")
 BOOLEAN_COLUMNS = ("start_agent",)
@@ -81,6 +77,10 @@ def _local_batches(
     workspace: str, bodies: list[dict[str, Any]], chunk_size: int, atomic: bool
 ) -> Iterator[BatchItem]:
     """The batches through the store, as POST /api/v1/tasks/batch runs them."""
+    from kandev_es.bulk.results import FAILED
+    from kandev_es.client import BatchItem
+    from kandev_es.domain.principal import LOCAL_CLI
+
     services = open_store()
     try:
         ws = workspace_id(services, workspace)
@@ -109,6 +109,8 @@ def _local_batches(
 def _remote_batches(
     url: str, workspace: str, bodies: list[dict[str, Any]], chunk_size: int, atomic: bool
 ) -> Iterator[BatchItem]:
+    from kandev_es.client import Client, ClientError, DeadlineExceeded
+
     token = client_token()
     if token is None:
         raise click.UsageError(f"--url needs the token in {CLIENT_TOKEN_VARIABLE}")
@@ -120,6 +122,8 @@ def _remote_batches(
 
 
 def _report_line(line: Line, item: BatchItem | None) -> dict[str, Any]:
+    from kandev_es.bulk.results import FAILED
+
     body = line.body or {}
     entry: dict[str, Any] = {"line": line.number, "external_id": body.get("external_id")}
     if item is None:
@@ -134,7 +138,34 @@ def _report_line(line: Line, item: BatchItem | None) -> dict[str, Any]:
     return entry
 
 
+def _progress() -> Any:
+    """The import's progress bar on stderr, gone when it ends."""
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
+    return Progress(
+        TextColumn("importing"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=Console(file=sys.stderr),
+        transient=True,
+    )
+
+
 def _summary(counts: Counter[str]) -> None:
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    from kandev_es.bulk.results import OUTCOMES
+
     table = Table(box=box.SIMPLE, pad_edge=False, show_edge=False)
     table.add_column("outcome")
     table.add_column("items", justify="right")
@@ -190,6 +221,8 @@ def task_import(
     body a line, or CSV with a header row of create fields. Each item is created
     or found by its external_id, so running the same import again answers every
     item found and makes nothing twice. Exit 1 if any item failed."""
+    from kandev_es.bulk.results import FAILED
+
     if kind is None:
         kind = "csv" if getattr(source, "name", "").endswith(".csv") else "jsonl"
     lines = list(_csv_items(source) if kind == "csv" else _jsonl_items(source))
@@ -200,14 +233,7 @@ def task_import(
     else:
         items = _local_batches(workspace, bodies, chunk_size, atomic)
     answered: dict[int, BatchItem] = {}
-    with Progress(
-        TextColumn("importing"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=Console(file=sys.stderr),
-        transient=True,
-    ) as bar:
+    with _progress() as bar:
         progress = bar.add_task("import", total=len(bodies))
         for item in items:
             answered[item.index] = item

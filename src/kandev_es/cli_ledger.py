@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import click
-from kandev_es_client.signed_note import NoteError, parse_keyring
 
 from kandev_es.cli_usage import open_store, store_options
 from kandev_es.errors import KandevError
@@ -106,6 +105,8 @@ def verify_ledger_command(
     services: Any, checkpoint: Path | None, keyring: Path | None, as_json: bool
 ) -> bool:
     """``audit verify --ledger``: prints the report; whether it is clean."""
+    from kandev_es_client.signed_note import NoteError, parse_keyring
+
     from kandev_es.services.ledger_audit import describe, verify_ledger
     from kandev_es.services.ledger_keys import load_keyring
 

@@ -8,28 +8,42 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    ProgressColumn,
-    Task,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
-from rich.text import Text
 
 from kandev_es.cli_usage import AT_LEAST_ONE, open_store, store_options, workspace_id
 from kandev_es.config import audit_base_url
 from kandev_es.errors import KandevError
 
 
-class RateColumn(ProgressColumn):
-    def render(self, task: Task) -> Text:
-        speed = task.finished_speed or task.speed
-        return Text(f"{speed:,.0f} events/s" if speed else "- events/s", style="cyan")
+def _progress() -> Any:
+    """rebuild's progress bar on stderr (rich loads when a rebuild runs, not for --help)."""
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        ProgressColumn,
+        Task,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+    from rich.text import Text
+
+    class RateColumn(ProgressColumn):
+        def render(self, task: Task) -> Text:
+            speed = task.finished_speed or task.speed
+            return Text(f"{speed:,.0f} events/s" if speed else "- events/s", style="cyan")
+
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        RateColumn(),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        console=Console(stderr=True),
+    )
 
 
 @click.command(
@@ -51,7 +65,6 @@ def projections_rebuild(names: tuple[str, ...], batch_size: int) -> None:
 
     services = open_store(create_tables=True)  # tables a new version added must exist first
     runner = services.projections
-    console = Console(stderr=True)
     try:
         chosen = list(names) or [
             p.name for p in runner.projections if isinstance(p, Rebuildable) and p.tables
@@ -59,16 +72,7 @@ def projections_rebuild(names: tuple[str, ...], batch_size: int) -> None:
         for name in chosen:
             rebuildable(runner, name)  # every name checked before anything is rebuilt
         for name in chosen:
-            with Progress(
-                TextColumn("[bold]{task.description}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                RateColumn(),
-                TimeElapsedColumn(),
-                TextColumn("ETA"),
-                TimeRemainingColumn(),
-                console=console,
-            ) as bar:
+            with _progress() as bar:
                 task = bar.add_task(name, total=None)
 
                 def show(position: int, head: int, applied: int, task: Any = task) -> None:

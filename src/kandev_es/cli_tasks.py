@@ -11,22 +11,17 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from rich import box
-from rich.console import Console
-from rich.table import Table
 
 from kandev_es.cli_usage import UUID_ARGUMENT, open_store, store_options, workspace_id
-from kandev_es.creation.outcomes import CreateTaskResponseSchema
-from kandev_es.domain.external_id import normalize_external_id, require_external_id
-from kandev_es.domain.principal import LOCAL_CLI
 from kandev_es.errors import KandevError
 from kandev_es.limits import MAX_CURSOR, MAX_LIST_LIMIT
-from kandev_es.views import task_dto, workspace_dto
 
-_CREATE_ANSWER = CreateTaskResponseSchema()
+if TYPE_CHECKING:  # rich, the domain and the views load when a command runs, not for --help
+    from rich.table import Table
+
 # What a reader looks for first in a task; the other fields follow in the API's order.
 _FIRST = ("outcome", "identifier", "title", "state", "external_id", "id", "workspace_id")
 
@@ -60,7 +55,16 @@ def _refused(error: KandevError) -> click.ClickException:
     return click.ClickException("; ".join(parts))
 
 
+def _table(**options: Any) -> Table:
+    from rich import box
+    from rich.table import Table
+
+    return Table(box=box.SIMPLE, pad_edge=False, **options)
+
+
 def _print(table: Table) -> None:
+    from rich.console import Console
+
     # No highlighting: a table piped to a file or a pager stays plain text.
     Console(highlight=False).print(table)
 
@@ -70,7 +74,7 @@ def _show(data: Mapping[str, Any], as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(data))
         return
-    table = Table(box=box.SIMPLE, show_header=False, pad_edge=False)
+    table = _table(show_header=False)
     table.add_column("field", style="bold", no_wrap=True)
     table.add_column("value", overflow="fold")
     keys = [key for key in _FIRST if key in data] + [key for key in data if key not in _FIRST]
@@ -88,6 +92,8 @@ def workspace_list(as_json: bool) -> None:
     The table shows name, id, task prefix, WIP limit (wip) and registered repositories;
     --json prints a JSON array of workspaces as GET /api/v1/workspaces/{id}
     answers each one."""
+    from kandev_es.views import workspace_dto
+
     services = open_store()
     try:
         listed = [workspace_dto(found) for found in services.workspaces.list_live()]
@@ -96,7 +102,7 @@ def workspace_list(as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(listed))
         return
-    table = Table(box=box.SIMPLE, pad_edge=False)
+    table = _table()
     table.add_column("name", overflow="fold", min_width=8)
     table.add_column("id", no_wrap=True, min_width=36)  # a UUID is copied whole
     for column in ("prefix", "wip", "repositories"):
@@ -157,6 +163,9 @@ def task_create(
     means another create holds the identity and has not finished: use that
     task, never release the identity and create again. A refused create is
     one line on stderr and exit 1."""
+    from kandev_es.creation.outcomes import CreateTaskResponseSchema
+    from kandev_es.domain.principal import LOCAL_CLI
+
     services = open_store()
     try:
         body: dict[str, Any] = {"workspace_id": str(workspace_id(services, workspace)),
@@ -174,7 +183,7 @@ def task_create(
         raise _refused(error) from None
     finally:
         services.close()
-    _show(_CREATE_ANSWER.dump(result.to_response()), as_json)
+    _show(CreateTaskResponseSchema().dump(result.to_response()), as_json)
 
 
 @task.command("get")
@@ -184,6 +193,9 @@ def task_create(
 def task_get(task_id: uuid.UUID, as_json: bool) -> None:
     """Show the task TASK_ID (its UUID), as GET /api/v1/tasks/{id} answers it
     (read from the event store: no projection lag)."""
+    from kandev_es.domain.principal import LOCAL_CLI
+    from kandev_es.views import task_dto
+
     services = open_store()
     try:
         found = task_dto(services.tasks.get(LOCAL_CLI, task_id))
@@ -209,6 +221,8 @@ def task_forget(task_id: uuid.UUID, reason: str, operation_id: str | None, as_js
     their data key is deleted, the read models and feeds rewritten, a Forgotten
     event recorded; every event, checkpoint and proof stays byte-identical. Then
     run the store's documented VACUUM (docs/operations.md: Erasure)."""
+    from kandev_es.domain.principal import LOCAL_CLI
+
     services = open_store()
     try:
         result = services.forgetting().forget(
@@ -231,6 +245,8 @@ def task_lookup(workspace: str, external_id: str, as_json: bool) -> None:
     """Show the task holding an external ID and whether its creation finished
     (creation_complete), as GET /api/v1/workspaces/{id}/tasks/by-external-id
     answers. Changes nothing. No task holds it: one line on stderr, exit 1."""
+    from kandev_es.domain.external_id import require_external_id
+
     try:
         wanted = require_external_id(external_id)
     except KandevError as error:
@@ -250,7 +266,7 @@ def _list_table(items: list[dict[str, Any]]) -> Table:
     """A row a task, fitting 80 columns: ``task`` is its identifier, the state
     column says ``archived`` for an archived task; the id (copied whole) and the
     identifier never wrap."""
-    table = Table(box=box.SIMPLE, pad_edge=False)
+    table = _table()
     table.add_column("task", no_wrap=True)
     table.add_column("state", no_wrap=True)
     table.add_column("external_id", overflow="fold", min_width=11)
@@ -301,6 +317,8 @@ def task_list(
     /api/v1/workspaces/{id}/tasks answers (the same filters; --json prints that
     answer: items, next_cursor, has_more). When more follow, the table ends
     with the --after to pass for the next page. Read from the tasks read model."""
+    from kandev_es.domain.external_id import normalize_external_id
+
     try:
         wanted = None if external_id is None else normalize_external_id(external_id)
     except KandevError as error:

@@ -12,15 +12,17 @@ import sys
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from click.exceptions import NoArgsIsHelpError
 
-from kandev_es.bootstrap import Services, bootstrap, store_exists
 from kandev_es.config import Settings, load_settings, postgres_target
 from kandev_es.errors import InvalidSetting, KandevError
 from kandev_es.limits import unstorable
+
+if TYPE_CHECKING:  # the store's modules load when a command opens it, not for --help
+    from kandev_es.bootstrap import Services
 
 
 class _Int(click.IntRange):
@@ -169,12 +171,16 @@ def name_store(settings: Settings) -> None:
 def open_store(create_tables: bool = False) -> Services:
     """The services over an existing store, named on stderr. A place with no
     store is one line and exit 1, and nothing is created there."""
+    from kandev_es.bootstrap import bootstrap
+
     return bootstrap(existing_store(create_tables))
 
 
 def existing_store(create_tables: bool = False) -> Settings:
     """The settings of an existing store, named on stderr (``open_store``
     without opening it)."""
+    from kandev_es.bootstrap import store_exists
+
     settings = store_settings(create_tables=create_tables)
     if not store_exists(settings):
         raise click.ClickException(

@@ -8,13 +8,15 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from kandev_es.bootstrap import Services
 from kandev_es.cli_usage import UUID_ARGUMENT, open_store, store_options, workspace_id
 from kandev_es.errors import KandevError
+
+if TYPE_CHECKING:  # the store's modules load when a command opens it, not for --help
+    from kandev_es.bootstrap import Services
 
 
 def _emit(data: dict[str, Any]) -> None:

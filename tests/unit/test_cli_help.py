@@ -29,3 +29,22 @@ def test_every_command_and_option_has_help_text():
             if isinstance(param, click.Argument):  # click has no help for arguments
                 assert param.human_readable_name in (command.help or ""), (path, param.name)
     assert missing == []
+
+
+def test_the_command_line_imports_no_store_server_or_renderer_until_a_command_runs():
+    """Every `kandev-es` start imports kandev_es.cli: --help, a usage error and
+    a command that fails its options must not pay for the store, the server,
+    the client or rich (0.8 s of imports before they were imported lazily)."""
+    import subprocess
+    import sys
+
+    script = "import sys, kandev_es.cli; print('\\n'.join(sorted(sys.modules)))"
+    loaded = set(subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True
+    ).stdout.split())
+    assert "kandev_es.cli_tasks" in loaded  # every command is registered
+    heavy = ("kandev_es.bootstrap", "kandev_es.application", "kandev_es.server",
+             "kandev_es.storage", "kandev_es.creation", "kandev_es.bulk", "kandev_es_client",
+             "eventsourcing", "psycopg", "marshmallow", "flask", "httpx", "rich")
+    assert sorted(name for name in loaded if name.split(".")[0] in heavy
+                  or name.startswith(heavy)) == []
