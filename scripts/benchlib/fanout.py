@@ -28,6 +28,7 @@ from typing import Any
 from benchlib.common import WAIT_S, body, concurrent_count, load_average, ratio, say
 from benchlib.cpu import PostgresSide, cpu_delta, family_cpu
 from benchlib.server import Client, Gunicorn, db_init, environment
+from benchlib.statements import Statements, statement_deltas
 from kandev_es.bootstrap import Services
 
 CONSUMERS = (0, 1, 10, 50)
@@ -104,8 +105,9 @@ def _creates(port: int, token: str, workspace: uuid.UUID, made: list[str],
 
 def one_count(env: dict[str, str], workers: int, clients: int, seconds: float, count: int,
               token: str, workspace: uuid.UUID, log: Path,
-              postgres: PostgresSide) -> dict[str, Any]:
-    """Created/s with ``count`` consumers, on a server started afresh."""
+              postgres: PostgresSide, statements: Statements | None = None) -> dict[str, Any]:
+    """Created/s with ``count`` consumers, on a server started afresh; with
+    ``statements`` (pg_stat_statements there), what each statement cost."""
     server = Gunicorn(env, workers, log)
     consumers: Consumers | None = None
     made: list[str] = []
@@ -118,11 +120,13 @@ def one_count(env: dict[str, str], workers: int, clients: int, seconds: float, c
         time.sleep(1.0)  # each caught up and joined its worker's reader
         done, elapsed = concurrent_count(
             lambda: _creates(server.port, token, workspace, made, failures), clients, seconds,
-            started_hook=lambda: spent.update(cpu=family_cpu(server.process.pid),
-                                              pg=postgres.cpu(), made=len(made)),
+            started_hook=lambda: spent.update(
+                cpu=family_cpu(server.process.pid), pg=postgres.cpu(), made=len(made),
+                statements=statements and statements.reading()),
             stopped_hook=lambda: spent.update(
                 cpu=cpu_delta(spent["cpu"], family_cpu(server.process.pid)),
-                pg=None if spent["pg"] is None else cpu_delta(spent["pg"], postgres.cpu())),
+                pg=None if spent["pg"] is None else cpu_delta(spent["pg"], postgres.cpu()),
+                statements_after=statements and statements.reading()),
         )
         delivered = consumers.delivered(made) if consumers else {}
     finally:
@@ -135,6 +139,9 @@ def one_count(env: dict[str, str], workers: int, clients: int, seconds: float, c
               "failed": dict(failures), **delivered}
     if spent["pg"] is not None:
         result["pg_cpu_us_per_created"] = round(spent["pg"] / 1e3 / timed, 1)
+    by_statement = statement_deltas(spent["statements"], spent["statements_after"], timed)
+    if by_statement is not None:
+        result["statements"] = by_statement
     return result
 
 
@@ -152,6 +159,7 @@ def fanout_cost(url: str, tmp: Path, services: Services, workers: int, clients: 
     if not initialised:
         db_init(env)
     postgres = PostgresSide(admin_url)
+    statements = Statements(admin_url)
     runs = []
     for number in range(rounds):
         order = list(counts) if number % 2 == 0 else list(reversed(counts))
@@ -160,7 +168,7 @@ def fanout_cost(url: str, tmp: Path, services: Services, workers: int, clients: 
         for count in order:
             run[str(count)] = one_count(env, workers, clients, seconds, count, token,
                                         workspace.id, tmp / f"fanout-{count}-{number}.log",
-                                        postgres)
+                                        postgres, statements)
         runs.append(run)
     section.update(summary(runs, counts))
     section["load_after"] = load_average()
