@@ -169,8 +169,9 @@ class Horizon:
             "  (SELECT max(c.l) FROM unnest(%(ls)s::bigint[], %(us)s::text[]::xid8[]) AS c(l, u)"
             "   WHERE c.u <= s.xmin)) AS bound,"
             "  EXISTS (SELECT FROM unnest(%(watched)s::uuid[], %(versions)s::bigint[]) AS w(id, v)"
-            f"   JOIN {self._table_sql} e ON e.originator_id = w.id"
-            "   AND e.originator_version > w.v) AS moved FROM s)"
+            f"   WHERE (SELECT e.originator_version FROM {self._table_sql} e"
+            "    WHERE e.originator_id = w.id ORDER BY e.originator_version DESC LIMIT 1)"
+            "   > w.v) AS moved FROM s)"
             " SELECT b.xmin::text, b.bound, b.top, b.xmax::text, b.moved, q.*"
             f" FROM b LEFT JOIN LATERAL ({query}) q ON true"
         )
@@ -270,7 +271,8 @@ class Writers:
             "  virtualtransaction, transactionid FROM pg_locks"
             "  WHERE locktype IN ('relation', 'transactionid')),"
             " r AS (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS x)"
-            " SELECT coalesce(max(notification_id), 0), ARRAY(SELECT DISTINCT r.x"
+            f" SELECT (SELECT coalesce(max(notification_id), 0) FROM {table_sql}),"
+            " ARRAY(SELECT DISTINCT r.x"
             "  + ((t.transactionid::text::bigint - r.x %% 4294967296 + 6442450944)"
             "  %% 4294967296) - 2147483648"
             "  FROM r, l JOIN l t"
@@ -280,7 +282,6 @@ class Writers:
             "  AND l.database = (SELECT oid FROM pg_database"
             "   WHERE datname = current_database())"
             "  AND l.mode = 'RowExclusiveLock' AND l.granted AND l.pid <> pg_backend_pid())"
-            f" FROM {table_sql}"
         )
 
     @staticmethod
