@@ -378,18 +378,21 @@ class ProjectionRunner:
         self.stopped.pop(tracking, None)
         return None
 
+    def _decoded(self, notifications: list[Any]) -> list[tuple[Any, int]]:
+        """Each notification's domain event (decoded once a pass), the data
+        keys of the sealed ones read in one query."""
+        decoded: dict[int, Any] | None = getattr(self._pass, "decoded", None)
+        if decoded is None:  # outside a pass: nothing shared
+            decoded = {}
+        fresh = [n for n in notifications if n.id not in decoded]
+        with self.app.keys.reading(n.state for n in fresh):
+            for n in fresh:
+                decoded[n.id] = self.app.mapper.to_domain_event(n)
+        return [(decoded[n.id], n.id) for n in notifications]
+
     def _apply(self, tx: Transaction, projection: Projection, notifications: Any) -> None:
         backend = self.database.backend
-        decoded: dict[int, Any] | None = getattr(self._pass, "decoded", None)
-        if decoded is None:
-            items = [(self.app.mapper.to_domain_event(n), n.id) for n in notifications]
-        else:
-            items = []
-            for n in notifications:
-                event = decoded.get(n.id)
-                if event is None:
-                    event = decoded[n.id] = self.app.mapper.to_domain_event(n)
-                items.append((event, n.id))
+        items = self._decoded(list(notifications))
         self._working()
         with tracing.span(f"projection {projection.name}", **{"kandev.events": len(items)}):
             if isinstance(projection, BatchProjection):

@@ -365,9 +365,19 @@ class Tasks(Application):  # type: ignore[type-arg]
         newer: dict[uuid.UUID, list[StoredEvent]] = {}
         for event in stored:
             newer.setdefault(cast(uuid.UUID, event.originator_id), []).append(event)
-        if len(stored) > 1:  # the data keys of their sealed events, in one query
-            with self._store_call():
-                self.keys.prefetch(event.state for event in stored)
+        with self._store_call():  # the data keys of their sealed events, in one query
+            keys = self.keys.fetch(event.state for event in stored)
+        with self.keys.using(keys):
+            return self._caught_up(wanted, snapshots, newer, share), number
+
+    def _caught_up(
+        self,
+        wanted: list[uuid.UUID],
+        snapshots: list[Aggregate | None],
+        newer: dict[uuid.UUID, list[StoredEvent]],
+        share: bool,
+    ) -> dict[uuid.UUID, Aggregate | None]:
+        cache = self._snapshots
         answer: dict[uuid.UUID, Aggregate | None] = {}
         for key, snapshot in zip(wanted, snapshots, strict=True):
             events = newer.get(key)
@@ -380,7 +390,7 @@ class Tasks(Application):  # type: ignore[type-arg]
             if aggregate is not None and share and cache.put(key, aggregate):
                 aggregate = cache.handout(key, aggregate)
             answer[key] = aggregate  # else never shared: this thread's alone
-        return answer, number
+        return answer
 
     def next_office_number(self, workspace_id: uuid.UUID) -> int:
         """The workspace's next office task number (``KAN-<n>``); never reused."""
@@ -466,8 +476,6 @@ class Tasks(Application):  # type: ignore[type-arg]
             metrics.record_projection_failure()
             log.error("save rolled back: %s", error)
             raise ProjectionFailed("a read model refused the save; nothing was stored") from None
-        for task_id, key in new_keys.items():
-            mapper.keys.remember(task_id, key)
         return events, stored, ids or []
 
     @tracing.traced("save")

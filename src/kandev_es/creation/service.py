@@ -95,7 +95,9 @@ class CreationService:
         """``placed``: where the entry point decided the create lands
         (creation/placement.py); without it, where the body says (REST)."""
         try:
-            with tracing.span("create"):
+            # The data keys its reads open stay read for its later reads (a
+            # found answer reads the identity, then its task: one key query).
+            with tracing.span("create"), self._app.keys.held():
                 result = self._create(principal, body, placed)
                 tracing.note(**{"kandev.outcome": result.outcome.value})
         except Exception as error:

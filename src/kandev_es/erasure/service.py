@@ -81,7 +81,6 @@ class ForgetService:
                 self._app.save_atomically(*saved, extra_views=views)
             except VersionConflict:
                 continue  # the task or identity moved on: read again
-            self._app.keys.forget(task_id)
             return ForgetResult(answer(task, reason), replayed=False)
         raise Contended("the task keeps changing; retry with the same Idempotency-Key")
 

@@ -85,12 +85,13 @@ def _replay(app: Tasks, stop: int) -> dict[str, Task]:
         )
         if not batch:
             break
-        for notification in batch:
-            event: Any = app.mapper.to_domain_event(notification)
-            key = str(event.originator_id)
-            mutated = event.mutate(tasks.get(key))
-            assert isinstance(mutated, Task)
-            tasks[key] = mutated
+        with app.keys.reading(n.state for n in batch):
+            for notification in batch:
+                event: Any = app.mapper.to_domain_event(notification)
+                key = str(event.originator_id)
+                mutated = event.mutate(tasks.get(key))
+                assert isinstance(mutated, Task)
+                tasks[key] = mutated
         start = batch[-1].id
     return tasks
 

@@ -16,7 +16,7 @@ from kandev_es.domain.release import (
     release_operation_id,
     validate_operation_id,
 )
-from kandev_es.domain.task import Task
+from kandev_es.domain.task import FORGETTABLE_FIELDS, Task
 from kandev_es.errors import (
     Conflict,
     OperationIdReused,
@@ -65,21 +65,32 @@ class ReleaseService:
                 release_operation_id(workspace_id, operation_id), ReleaseOperation
             )
             if stored is not None:
-                return self._replay(stored, external_id)
+                return self._replay(stored, external_id, self._forgotten(stored))
             try:
                 return self._first_attempt(workspace_id, external_id, operation_id, actor)
             except VersionConflict:
                 continue  # a concurrent replay or create: read again, replay first
         raise Conflict("release is contended; retry with the same Idempotency-Key")
 
+    def _forgotten(self, stored: ReleaseOperation) -> bool:
+        """Whether the task a stored answer shows has been forgotten since: the
+        operation itself, kept in memory by any node that read it before,
+        still holds the task's free text as it was (docs/auditing.md: Erasure)."""
+        task_id = stored.result.get("id") if stored.released else None
+        task = self._app.load(uuid.UUID(str(task_id)), Task) if task_id else None
+        return task is not None and bool(task.forgotten)
+
     @staticmethod
-    def _replay(stored: ReleaseOperation, external_id: str) -> ReleaseResult:
+    def _replay(stored: ReleaseOperation, external_id: str, forgotten: bool) -> ReleaseResult:
         if stored.external_id != external_id:
             raise OperationIdReused(
                 "this operation id was used to release another identity",
                 operation_id=stored.operation_id,
             )
-        return ReleaseResult(stored.released, dict(stored.result), replayed=True)
+        body = dict(stored.result)
+        if forgotten:  # as the stored answer reads once its key is gone
+            body.update(dict.fromkeys(FORGETTABLE_FIELDS))
+        return ReleaseResult(stored.released, body, replayed=True)
 
     def _first_attempt(
         self, workspace_id: uuid.UUID, external_id: str, operation_id: str, actor: str

@@ -55,8 +55,6 @@ SEALED_FIELDS: dict[str, tuple[tuple[tuple[str, ...], ...], tuple[str, ...]]] = 
 }  # fmt: skip
 # The events that start a task: its key is made with them.
 NEW_TASK = frozenset(get_topic(c) for c in (Task.Created, Task.CreatedActive, Identity.Claimed))
-_FORGOTTEN = get_topic(Task.Forgotten)
-KEY_CACHE_SIZE = 16384
 # A sealed event's task, as the encoder writes its member (compact, in order).
 _SEALED_TASK = re.compile(rb'"sealed":\{"v":1,"task":"([0-9a-f]{32})"')
 # One encoder for every box (json.dumps with options makes one per call).
@@ -146,44 +144,72 @@ def sealed_task(state: Mapping[str, Any]) -> uuid.UUID | None:
 
 
 class TaskKeys:
-    """The data keys this process knows (``KEY_CACHE_SIZE`` at most, oldest
-    out first), read from the store on a miss. Keys are never logged."""
+    """The tasks' data keys, read from the store for the read that decodes
+    their events and kept no longer: a key deleted by a forget on any node is
+    then gone for every later read on every node (a key kept in memory would
+    still open a task forgotten elsewhere). A read of many events reads all
+    their keys in one query first (``reading``); an event decoded outside
+    such a read reads its key alone. Keys are never logged."""
 
     def __init__(self, reader: KeyReader | None = None) -> None:
         self.reader = reader
-        self._known: dict[uuid.UUID, bytes] = {}
-        self._lock = threading.Lock()
+        self._local = threading.local()
 
     def get(self, task_id: uuid.UUID) -> bytes | None:
-        key = self._known.get(task_id)
-        if key is None and self.reader is not None:
-            key = self.reader([task_id]).get(task_id)
-            if key is not None:
-                self.remember(task_id, key)
-        return key
-
-    def prefetch(self, states: Iterable[bytes]) -> None:
-        """Read, in one query, the keys of the sealed events among ``states``
-        (stored bytes) that this process does not know: a read of many
-        streams (a batch's window) then decodes them without a query each."""
+        scope: dict[uuid.UUID, bytes | None] | None = getattr(self._local, "scope", None)
+        if scope is not None and task_id in scope:
+            return scope[task_id]
         if self.reader is None:
-            return
+            return None
+        return self.reader([task_id]).get(task_id)
+
+    def fetch(self, states: Iterable[bytes]) -> dict[uuid.UUID, bytes | None]:
+        """The keys of the sealed events among ``states`` (stored bytes) not
+        already in this thread's read, in one query (None: it has none)."""
+        outer = getattr(self._local, "scope", None) or {}
         wanted = {m.group(1) for state in states if (m := _SEALED_TASK.search(state))}
-        missing = [uuid.UUID(hex=h.decode()) for h in wanted]
-        missing = [task for task in missing if task not in self._known]
-        if missing:
-            for task_id, key in self.reader(missing).items():
-                self.remember(task_id, key)
+        tasks = [task for h in wanted if (task := uuid.UUID(hex=h.decode())) not in outer]
+        if not tasks or self.reader is None:
+            return {}
+        found = self.reader(tasks)
+        return {task: found.get(task) for task in tasks}
 
-    def remember(self, task_id: uuid.UUID, key: bytes) -> None:
-        with self._lock:
-            self._known[task_id] = key
-            while len(self._known) > KEY_CACHE_SIZE:
-                del self._known[next(iter(self._known))]
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        """In this block (this thread: one request), the keys its reads fetch
+        stay for its later reads instead of ending with each."""
+        if getattr(self._local, "scope", None) is not None:  # already in a read
+            yield
+            return
+        self._local.scope, self._local.held = {}, True
+        try:
+            yield
+        finally:
+            self._local.scope, self._local.held = None, False
 
-    def forget(self, task_id: uuid.UUID) -> None:
-        with self._lock:
-            self._known.pop(task_id, None)
+    @contextmanager
+    def using(self, keys: Mapping[uuid.UUID, bytes | None]) -> Iterator[None]:
+        """In this block (this thread), decodes open their events with ``keys``
+        (``fetch``'s) before asking the store for any other."""
+        outer: dict[uuid.UUID, bytes | None] | None = getattr(self._local, "scope", None)
+        if not keys:
+            yield
+            return
+        if outer is not None and getattr(self._local, "held", False):
+            outer.update(keys)  # kept till the held block ends
+            yield
+            return
+        self._local.scope = {**(outer or {}), **keys}
+        try:
+            yield
+        finally:
+            self._local.scope = outer
+
+    @contextmanager
+    def reading(self, states: Iterable[bytes]) -> Iterator[None]:
+        """``fetch`` and ``using`` in one: a read decoding ``states``."""
+        with self.using(self.fetch(states)):
+            yield
 
 
 class SealingMapper(Mapper):  # type: ignore[type-arg]
@@ -248,8 +274,6 @@ class SealingMapper(Mapper):  # type: ignore[type-arg]
 
     def to_domain_event(self, stored_event: StoredEvent) -> Any:
         event = super().to_domain_event(stored_event)
-        if stored_event.topic == _FORGOTTEN:  # every node drops the key it kept
-            self.keys.forget(uuid.UUID(str(stored_event.originator_id)))
         state = vars(event)
         task_id = sealed_task(state)
         if task_id is not None:
