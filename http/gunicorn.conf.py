@@ -25,6 +25,7 @@ Bounds from the environment (docs/security.md: Input limits and streams):
     KANDEV_HEADER_TIMEOUT   seconds for a request's headers        (default 10)
     KANDEV_BODY_TIMEOUT     seconds for its body, from its start    (default 30)
     KANDEV_IDLE_TIMEOUT     seconds a connection may sit idle       (default 5)
+    KANDEV_SEND_TIMEOUT     seconds an answer may wait for its reader (default 60)
     KANDEV_MAX_CONNECTIONS  open connections per worker             (default 2048)
 
 On the embedded SQLite default there is a single writer: prefer

@@ -33,6 +33,9 @@ class Settings:
     header_timeout: float = 10.0
     body_timeout: float = 30.0
     idle_timeout: float = 5.0
+    # Seconds an answer (an event stream) may wait for its client to take a
+    # byte before the connection is closed (waitress' channel_timeout).
+    send_timeout: int = 60
     max_connections: int = 2048
     # What a request's head may hold (gunicorn's defaults): the request line
     # (414 past it), header fields and bytes per field (431 past either).
@@ -388,6 +391,7 @@ INT_SETTINGS: dict[str, tuple[int, int]] = {
     "KANDEV_MAX_BODY_BYTES": (1, 1 << 30),
     "KANDEV_BATCH_MAX_ITEMS": (1, 100_000),
     "KANDEV_MAX_CONNECTIONS": (1, 1_000_000),
+    "KANDEV_SEND_TIMEOUT": (1, 86_400),
     # Within waitress' 256 KiB for the request line and headers together.
     "KANDEV_MAX_REQUEST_LINE": (64, 262_144),
     "KANDEV_MAX_HEADER_FIELDS": (1, 10_000),
@@ -517,6 +521,17 @@ def _witness_urls(raw: str) -> tuple[str, ...]:
     return urls
 
 
+def _connection_bounds(env: Mapping[str, str]) -> dict[str, Any]:
+    """The HTTP worker's times and connection count (docs/security.md)."""
+    return {
+        "header_timeout": _seconds(env, "KANDEV_HEADER_TIMEOUT", 10.0),
+        "body_timeout": _seconds(env, "KANDEV_BODY_TIMEOUT", 30.0),
+        "idle_timeout": _seconds(env, "KANDEV_IDLE_TIMEOUT", 5.0),
+        "send_timeout": _int(env, "KANDEV_SEND_TIMEOUT", Settings.send_timeout),
+        "max_connections": _int(env, "KANDEV_MAX_CONNECTIONS", 2048),
+    }
+
+
 def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
     env = os.environ if environ is None else environ
     step_attempts = _int(env, "KANDEV_STEP_ATTEMPTS", Settings.step_attempts)
@@ -532,10 +547,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         pool_size=_int(env, "KANDEV_POOL_SIZE", 5),
         max_body_bytes=_int(env, "KANDEV_MAX_BODY_BYTES", 1_048_576),
         batch_max_items=_int(env, "KANDEV_BATCH_MAX_ITEMS", 1_000),
-        header_timeout=_seconds(env, "KANDEV_HEADER_TIMEOUT", 10.0),
-        body_timeout=_seconds(env, "KANDEV_BODY_TIMEOUT", 30.0),
-        idle_timeout=_seconds(env, "KANDEV_IDLE_TIMEOUT", 5.0),
-        max_connections=_int(env, "KANDEV_MAX_CONNECTIONS", 2048),
+        **_connection_bounds(env),
         max_request_line=_int(env, "KANDEV_MAX_REQUEST_LINE", Settings.max_request_line),
         max_header_fields=_int(env, "KANDEV_MAX_HEADER_FIELDS", Settings.max_header_fields),
         max_header_field_bytes=_int(

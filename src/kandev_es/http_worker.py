@@ -201,7 +201,7 @@ class WaitressWorker(Worker):  # type: ignore[misc]
             connection_limit=settings.max_connections,
             # Our maintenance enforces the header, body and idle times; this one
             # bounds an answer left unread (seconds without a byte taken).
-            channel_timeout=60,
+            channel_timeout=settings.send_timeout,
             cleanup_interval=1,
             # A connection whose request is being served stays readable, so a
             # client that leaves is seen at once (waitress.client_disconnected):

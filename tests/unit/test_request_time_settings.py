@@ -14,6 +14,7 @@ def test_defaults() -> None:
     settings = load_settings({})
     assert (settings.header_timeout, settings.body_timeout, settings.idle_timeout) == (10, 30, 5)
     assert settings.max_connections == 2048
+    assert settings.send_timeout == 60
 
 
 def test_set_values_are_read() -> None:
@@ -23,10 +24,12 @@ def test_set_values_are_read() -> None:
             "KANDEV_BODY_TIMEOUT": "3",
             "KANDEV_IDLE_TIMEOUT": "1",
             "KANDEV_MAX_CONNECTIONS": "4096",
+            "KANDEV_SEND_TIMEOUT": "7",
         }
     )
     assert (settings.header_timeout, settings.body_timeout, settings.idle_timeout) == (2.5, 3, 1)
     assert settings.max_connections == 4096
+    assert settings.send_timeout == 7
 
 
 @pytest.mark.parametrize(
@@ -40,6 +43,8 @@ def test_set_values_are_read() -> None:
         ("KANDEV_IDLE_TIMEOUT", "soon"),
         ("KANDEV_MAX_CONNECTIONS", "0"),
         ("KANDEV_MAX_CONNECTIONS", "many"),
+        ("KANDEV_SEND_TIMEOUT", "0"),
+        ("KANDEV_SEND_TIMEOUT", "0.5"),
     ],
 )
 def test_unusable_values_are_refused(name: str, value: str) -> None:
