@@ -3,8 +3,9 @@ database while the log moves (issue 48): the server's process has one feed
 reader for all its streams (services/fanout.py). PostgreSQL only by nature:
 the statements are counted on the wire, by a proxy between the streaming
 server and PostgreSQL (``Q`` and ``E`` messages: every statement any part of
-that server runs). Another served process, not proxied, makes the saves, so
-the streams' server learns of them as of another node's.
+that server runs; it runs no background process, so they are its worker's).
+Another served process, not proxied, makes the saves and runs the background
+work, so the streams' server learns of them as of another node's.
 
 Three phases on the same servers, each with the same 20 creates, one every
 50 ms: no stream open, one, and ten (ten tokens). Every stream gets every
@@ -45,6 +46,10 @@ class Follower:
             f"/api/v1/workspaces/{server.workspace_id}/events/stream?max_seconds=300&after={after}",
             headers={"Authorization": f"Bearer {token}"},
         )
+        # The socket itself: a response read to the connection's close takes it
+        # over (the connection's ``sock`` is None from then on), and only a
+        # shutdown ends the reading thread's wait at once.
+        self._socket = self._connection.sock
         self._response = self._connection.getresponse()
         assert self._response.status == 200, self._response.read()
         self.created: list[str] = []
@@ -63,9 +68,9 @@ class Follower:
                     self.created.append(subject)
 
     def close(self) -> None:
-        if self._connection.sock is not None:
+        if self._socket is not None:
             with contextlib.suppress(OSError):
-                self._connection.sock.shutdown(socket.SHUT_RDWR)
+                self._socket.shutdown(socket.SHUT_RDWR)
         self._thread.join(10)
         self._connection.close()
 
@@ -133,8 +138,11 @@ def test_ten_open_streams_cost_the_database_what_one_does(
     proxy, url = PgProxy.before(settings.database_url)
     streaming = writer = None
     try:
+        # No background process beside the streaming server's worker (the
+        # writer's runs the projection loop and the ledger): what is counted
+        # is the worker's, streams and reader, not the background work's.
         streaming = ServedProcess(settings.with_overrides(database_url=url), tmp_path / "streams",
-                                  workers=1)
+                                  workers=1, KANDEV_BACKGROUND="external")
         writer = ServedProcess(settings, tmp_path / "writer", workers=1)
         writer.admin_token = streaming.token  # type: ignore[attr-defined]
         writer.workspace_id = streaming.workspace_id
