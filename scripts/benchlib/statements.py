@@ -21,7 +21,7 @@ READ = (
     " bool_and(NOT toplevel)"
     " FROM pg_stat_statements GROUP BY queryid"
 )
-SHOWN = 12  # statements reported per measurement, the costliest first
+SHOWN = 16  # statements reported per measurement, the costliest first
 
 
 class Statements:
@@ -56,7 +56,8 @@ def statement_deltas(
 ) -> list[dict[str, Any]] | None:
     """The SHOWN statements that took the most execution time between two
     readings, each with its calls, ms, and shared buffers in total and per
-    ``per`` (the Created of the measurement); nested ones marked."""
+    ``per`` (the Created of the measurement); nested ones marked. First, the
+    sum over every top-level statement (``(all top-level)``)."""
     if before is None or after is None:
         return None
     rows: list[dict[str, Any]] = []
@@ -64,18 +65,30 @@ def statement_deltas(
         _, calls0, ms0, blocks0, _ = before.get(queryid, (text, 0, 0.0, 0, nested))
         if calls - calls0 <= 0:
             continue
-        delta_calls, delta_ms, delta_blocks = calls - calls0, ms - ms0, blocks - blocks0
-        rows.append(
-            {
-                "statement": text,
-                "nested": nested,
-                "calls": delta_calls,
-                "ms": round(delta_ms, 1),
-                "ms_per_call": round(delta_ms / delta_calls, 3),
-                "buffers_per_call": round(delta_blocks / delta_calls, 1),
-                "calls_per_created": round(delta_calls / max(per, 1), 3),
-                "ms_per_created": round(delta_ms / max(per, 1), 4),
-            }
-        )
+        rows.append(_row(text, nested, calls - calls0, ms - ms0, blocks - blocks0, per))
     rows.sort(key=lambda row: -row["ms"])
-    return rows[:SHOWN]
+    top = [row for row in rows if not row["nested"]]
+    total = _row(
+        "(all top-level)",
+        False,
+        sum(row["calls"] for row in top),
+        sum(row["ms"] for row in top),
+        sum(row["buffers"] for row in top),
+        per,
+    )
+    return [total, *rows[:SHOWN]]
+
+
+def _row(text: str, nested: bool, calls: int, ms: float, blocks: int, per: int) -> dict[str, Any]:
+    return {
+        "statement": text,
+        "nested": nested,
+        "calls": calls,
+        "ms": round(ms, 1),
+        "buffers": blocks,
+        "ms_per_call": round(ms / max(calls, 1), 3),
+        "buffers_per_call": round(blocks / max(calls, 1), 1),
+        "calls_per_created": round(calls / max(per, 1), 3),
+        "ms_per_created": round(ms / max(per, 1), 4),
+        "buffers_per_created": round(blocks / max(per, 1), 1),
+    }
