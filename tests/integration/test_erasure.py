@@ -117,8 +117,9 @@ def test_a_lost_key_reads_as_forgotten_not_an_error(services, client, member):
     assert task is not None and (task.title, task.description) == (None, None)
 
 
-def test_with_sealing_off_the_free_text_is_cleartext_and_cannot_be_forgotten(settings, tmp_path):
-    """KANDEV_SEAL_FREE_TEXT=false, the bench's baseline: format 0, refused by forget."""
+def test_with_sealing_off_the_free_text_is_cleartext_and_forgotten_by_rewrite(settings, tmp_path):
+    """KANDEV_SEAL_FREE_TEXT=false, the bench's baseline: format 0, forgotten
+    by rewriting the events under a statement (test_forget_cleartext.py)."""
     import dataclasses
 
     import pytest
@@ -126,7 +127,7 @@ def test_with_sealing_off_the_free_text_is_cleartext_and_cannot_be_forgotten(set
     from kandev_es.api import create_app
     from kandev_es.bootstrap import bootstrap
     from kandev_es.domain.principal import LOCAL_CLI
-    from kandev_es.errors import TaskNotSealed
+    from kandev_es.errors import Contended
 
     plain = bootstrap(dataclasses.replace(settings, seal_free_text=False))
     try:
@@ -135,8 +136,13 @@ def test_with_sealing_off_the_free_text_is_cleartext_and_cannot_be_forgotten(set
         secret, _ = plain.tokens.issue(workspace_id=workspace.id, admin=False)
         task_id = uuid.UUID(create(client, secret, title=MARKER).get_json()["id"])
         assert MARKER.encode() in stored_events(plain, task_id)[0].state
-        with pytest.raises(TaskNotSealed):
+        before = stored_events(plain, task_id)
+        with pytest.raises(Contended):  # what a forget rewrites must be in the log first
             plain.forgetting().forget(LOCAL_CLI, task_id, "art. 17", "erase-1")
+        assert stored_events(plain, task_id) == before  # nothing written
+        plain.ledger.catch_up()
+        plain.forgetting().forget(LOCAL_CLI, task_id, "art. 17", "erase-1")
+        assert MARKER.encode() not in stored_events(plain, task_id)[0].state
     finally:
         plain.close()
 

@@ -1,34 +1,37 @@
 """Issue 47, points 5 and 6, on both backends. A store written before free
 text was sealed (the upgrade fixtures: event format 0) is upgraded by
-`db init`, still verifies, and its old tasks cannot be forgotten (typed 409
-``task_not_sealed``, nothing written: their events hold the text in cleartext,
-docs/auditing.md: Erasure), while a task created after the upgrade can. And a
-lost data key reads as forgotten, never as a 500."""
+`db init`, still verifies, and its old tasks are forgotten by rewriting their
+cleartext events under a redaction statement (docs/auditing.md: Erasure),
+while a task created after the upgrade is forgotten by deleting its key; the
+audit says which is which. And a lost data key reads as forgotten, never as
+a 500."""
 
 from __future__ import annotations
 
 import uuid
 
-import pytest
-
 from kandev_es.bootstrap import bootstrap
 from kandev_es.domain.principal import LOCAL_CLI
-from kandev_es.errors import TaskNotSealed
 from tests.conftest import bearer
 from tests.integration.helpers import create
 from tests.integration.test_upgrade import old_store  # noqa: F401  (the fixture)
 from tests.support.served import run_cli
 
 
-def test_an_upgraded_store_forgets_only_what_it_sealed(old_store):  # noqa: F811
+def test_an_upgraded_store_forgets_old_tasks_by_statement_and_new_ones_by_key(
+    old_store,  # noqa: F811
+):
     old_store.db_init()
     old_task = uuid.UUID(old_store.manifest["tasks"]["JIRA-1"]["id"])
+    title = old_store.manifest["tasks"]["JIRA-1"]["served"]["title"].encode()
     services = bootstrap(old_store.settings)
     try:
+        assert any(title in row[-1] for rows in old_store.events().values() for row in rows)
+        services.ledger.catch_up()
+        forgot = services.forgetting().forget(LOCAL_CLI, old_task, "art. 17", "erase-old")
+        assert forgot.body["forgotten"] is True
         events = old_store.events()
-        with pytest.raises(TaskNotSealed):
-            services.forgetting().forget(LOCAL_CLI, old_task, "art. 17", "erase-old")
-        assert old_store.events() == events  # nothing written
+        assert not any(title in row[-1] for rows in events.values() for row in rows)
         workspace = services.workspaces.get_by_name("acme")
         assert workspace is not None
         made = services.creation.create(
@@ -42,7 +45,9 @@ def test_an_upgraded_store_forgets_only_what_it_sealed(old_store):  # noqa: F811
         services.close()
     verified = run_cli(old_store.settings, "audit", "verify", "--ledger")
     assert verified.returncode == 0, verified.stdout + verified.stderr
-    assert f"task {new_task}: forgotten, consistent" in verified.stdout
+    assert f"task {new_task}: forgotten, consistent (2 sealed events;" in verified.stdout
+    assert f"task {old_task}: forgotten, consistent (0 sealed events, " in verified.stdout
+    assert f"stream {old_task} version 1: redacted by statement" in verified.stdout
 
 
 def test_a_lost_key_reads_as_forgotten_over_http(settings, client, services, member):

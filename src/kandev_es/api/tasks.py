@@ -402,7 +402,9 @@ class TaskForget(MethodView):
         read as `null` and the task as `forgotten: true`. A `Forgotten` event records
         who, when, why and the request. Any task, deleted ones too. Again, with any
         key: the first forget's answer (`Idempotent-Replayed: true`). A task created
-        before free text was sealed: 409 `task_not_sealed` (docs/auditing.md).
+        before free text was sealed has its cleartext events rewritten under a
+        redaction statement its `Forgotten` events record (docs/auditing.md); one
+        whose events the ledger has not logged yet: 409 `conflict`, retry.
         """
         wanted = path_uuid(task_id, "task id")
         body = json_object()

@@ -279,15 +279,20 @@ class Identity(DirectEvents, Aggregate):
         return outcome
 
     def forget_task(
-        self, task_id: uuid.UUID, operation_id: str, request_id: str | None = None
-    ) -> None:
-        """Record that ``task_id`` was forgotten, on each tenure it held."""
+        self, task_id: uuid.UUID, operation_id: str, request_id: str | None = None,
+        redactions: list[dict[str, Any]] | None = None,
+    ) -> None:  # fmt: skip
+        """Record that ``task_id`` was forgotten, on each tenure it held; the
+        first record carries the redaction statement of this stream's events
+        (``redactions``, erasure/redaction.py), so its proof bundle has it."""
         for number, tenure in sorted(self.tenures.items()):
             if tenure.task_id == task_id:
                 self.trigger_event(
                     self.Forgotten, tenure=number, task_id=task_id,
                     operation_id=operation_id, request_id=request_id,
+                    redactions=redactions,
                 )  # fmt: skip
+                redactions = None
 
     def release(
         self,
@@ -516,6 +521,7 @@ class Identity(DirectEvents, Aggregate):
         task_id: uuid.UUID
         operation_id: str
         request_id: str | None = None
+        redactions: list[dict[str, Any]] | None = None  # as Task.Forgotten's
 
         def apply(self, aggregate: Identity) -> None:
             tenure = aggregate.tenures[self.tenure]

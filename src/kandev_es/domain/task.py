@@ -136,15 +136,18 @@ class Task(DirectEvents, Aggregate):
         self.trigger_event(self.Deleted)
 
     def forget(
-        self, operation_id: str, reason: str, actor: str, request_id: str | None = None
-    ) -> None:
+        self, operation_id: str, reason: str, actor: str, request_id: str | None = None,
+        redactions: list[dict[str, Any]] | None = None,
+    ) -> None:  # fmt: skip
         """Forget the task's free text (any task: a deleted one's events hold
-        it too). ``reason`` is the operator's, never the erased values."""
+        it too). ``reason`` is the operator's, never the erased values;
+        ``redactions``: the statement of the cleartext events rewritten
+        (erasure/redaction.py), hashes only."""
         if self.forgotten:
             raise DomainRuleBroken("task already forgotten")
         self.trigger_event(
             self.Forgotten, operation_id=operation_id, reason=reason, actor=actor,
-            request_id=request_id,
+            request_id=request_id, redactions=redactions,
         )  # fmt: skip
 
     def _require_live(self) -> None:
@@ -198,6 +201,10 @@ class Task(DirectEvents, Aggregate):
         reason: str
         actor: str
         request_id: str | None = None
+        # The redaction statement (erasure/redaction.py): for each event written
+        # before the upgrade that was rewritten, its stream, version, logged
+        # chain hash and the hash of its new bytes. None: nothing rewritten.
+        redactions: list[dict[str, Any]] | None = None
 
         def apply(self, aggregate: Task) -> None:
             for name in FORGETTABLE_FIELDS:

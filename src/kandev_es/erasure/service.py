@@ -2,7 +2,10 @@
 in one save, the task's and its identity's ``Forgotten`` events, its data key
 deleted (storage/sealing.py: its sealed events then read as forgotten), its
 read-model rows rewritten by the inline views, and its earlier feed rows
-rewritten without its free text. By stable operation id (Idempotency-Key)."""
+rewritten without its free text. A task's events written before the upgrade
+(cleartext, format 0) are rewritten with their free text null under a
+redaction statement the Forgotten events record (erasure/redaction.py).
+By stable operation id (Idempotency-Key)."""
 
 from __future__ import annotations
 
@@ -16,16 +19,16 @@ from kandev_es.domain.identity import Identity
 from kandev_es.domain.principal import Principal
 from kandev_es.domain.release import validate_operation_id
 from kandev_es.domain.task import FORGETTABLE_FIELDS, Task
+from kandev_es.erasure import redaction
+from kandev_es.erasure.redaction import Rewrite
 from kandev_es.errors import (
     Contended,
     OperatorRequired,
     TaskNotFound,
-    TaskNotSealed,
     ValidationFailed,
 )
 from kandev_es.observability.serving import current_request_id
 from kandev_es.storage.database import Database
-from kandev_es.storage.sealing import SEALED
 
 ATTEMPTS = 8
 MAX_REASON = 500
@@ -63,15 +66,18 @@ class ForgetService:
         reason = validate_reason(raw_reason)
         for _ in range(ATTEMPTS):
             task = self._authorized(principal, task_id)
-            if task.forgotten:
-                return ForgetResult(answer(task, None), replayed=True)
-            self._require_sealed(task_id)
             identity = self._app.load(task.identity_id, Identity)
+            found = self._cleartext(task_id, identity)
+            if task.forgotten:
+                self._rewrite(found)  # what a first forget left undone (it stopped)
+                return ForgetResult(answer(task, None), replayed=True)
+            entries = redaction.statement(self._database, found)
             assert principal is not None  # _authorized refused everyone else
             request_id = current_request_id()
-            task.forget(operation_id, reason, principal.actor, request_id)
+            task.forget(operation_id, reason, principal.actor, request_id, entries or None)
             if identity is not None:
-                identity.forget_task(task_id, operation_id, request_id)
+                own = [e for e in entries if e["stream"] == str(identity.id)]
+                identity.forget_task(task_id, operation_id, request_id, own or None)
             views: dict[str, list[tuple[Any, ...]]] = {
                 "task_keys_gone": [(str(task_id),)],
                 "feed_forgotten": self._feed_rewrites(task_id),
@@ -81,6 +87,7 @@ class ForgetService:
                 self._app.save_atomically(*saved, extra_views=views)
             except VersionConflict:
                 continue  # the task or identity moved on: read again
+            self._rewrite(found)
             return ForgetResult(answer(task, reason), replayed=False)
         raise Contended("the task keeps changing; retry with the same Idempotency-Key")
 
@@ -94,16 +101,23 @@ class ForgetService:
             raise OperatorRequired("forgetting a task needs an operator or admin token")
         return task
 
-    def _require_sealed(self, task_id: uuid.UUID) -> None:
-        """A task created before the upgrade holds its free text in cleartext
-        events, which forgetting cannot change (docs/auditing.md: Erasure)."""
-        stored = list(self._app.recorder.select_events(task_id, limit=1))
-        if not stored or SEALED not in json.loads(stored[0].state):
-            raise TaskNotSealed(
-                "this task was created before free text was sealed (event format 0):"
-                " its events hold it in cleartext, so forgetting it would leave it in"
-                " the store; see docs/auditing.md: Erasure"
-            )
+    def _cleartext(self, task_id: uuid.UUID, identity: Identity | None) -> list[Rewrite]:
+        """The task's events written in cleartext (before the upgrade) that
+        still hold its free text, with what each becomes."""
+        stored = [
+            event
+            for stream in redaction.streams_of(task_id, identity)
+            for event in self._app.recorder.select_events(stream)
+        ]
+        return redaction.rewrites(task_id, stored)
+
+    def _rewrite(self, found: list[Rewrite]) -> None:
+        """Rewrite them, after the save that recorded their statement (only a
+        forgotten task's; compare-and-set, so a replay finishes a first
+        forget that stopped between the two and changes nothing else)."""
+        if found:
+            table = self._app.recorder.events_table_name  # type: ignore[attr-defined]
+            redaction.apply(self._database, table, found)
 
     def _feed_rewrites(self, task_id: uuid.UUID) -> list[tuple[int, str]]:
         """The task's feed rows (JSON feed, SSE replay, webhooks read them),

@@ -16,6 +16,12 @@ What each check catches (docs/auditing.md, "Threat model"):
   from the events differs from a signed checkpoint's, and the checkpoints
   the store still holds bound where (the first event after the last one that
   matches is named, and the events up to the one that fails are listed).
+
+An event written before the upgrade and rewritten by a forget stands for the
+chain hash its redaction statement names when its remaining bytes, topic
+and place are the ones the statement records (kandev_es_client.ledger.link,
+erasure/redaction.py); the statement must be logged under a signed
+checkpoint, and an event it names that still holds its cleartext is named.
 """
 
 from __future__ import annotations
@@ -134,7 +140,36 @@ def _check_stream_ids(events: list[_Event], stored: dict[int, Any], backend: str
                 " and does not see this event"))
 
 
-def _chains(events: list[_Event], report: LedgerReport) -> dict[tuple[uuid.UUID, int], bytes]:
+Redactions = dict[tuple[uuid.UUID, int], chains.Redaction]
+
+
+def _redactions(events: list[_Event], report: LedgerReport) -> Redactions:
+    """The redaction statements of the ``Forgotten`` events, by the event
+    each entry names (its ``statement``: the Forgotten event's position)."""
+    found: Redactions = {}
+    for event in events:
+        if chains.event_name(event.topic) != "Forgotten":
+            continue
+        try:
+            entries = chains.redactions_in(event.state, event.position)
+        except merkle.ProofError as error:
+            report.problems.append(Problem(str(event.stream), event.version, str(error)))
+            continue
+        for entry in entries:
+            kept = found.setdefault((entry.stream, entry.version), entry)
+            if (kept.original, kept.redacted) != (entry.original, entry.redacted):
+                report.problems.append(Problem(str(entry.stream), entry.version,
+                                               "two redaction statements differ on it"))
+    return found
+
+
+def _link(event: _Event, previous: bytes, redactions: Redactions) -> bytes:
+    return chains.link(event.stream, event.version, previous, event.topic, event.state,
+                       redactions.get((event.stream, event.version)))[0]
+
+
+def _chains(events: list[_Event], report: LedgerReport,
+            redactions: Redactions) -> dict[tuple[uuid.UUID, int], bytes]:
     """Every stream's chain recomputed from genesis, and its version gaps."""
     last: dict[uuid.UUID, tuple[int, bytes]] = {}
     computed: dict[tuple[uuid.UUID, int], bytes] = {}
@@ -144,7 +179,7 @@ def _chains(events: list[_Event], report: LedgerReport) -> dict[tuple[uuid.UUID,
             report.problems.append(Problem(
                 str(event.stream), event.version,
                 f"follows version {version}: an event is missing or versions were swapped"))
-        value = chains.chain_hash(event.stream, event.version, previous, event.topic, event.state)
+        value = _link(event, previous, redactions)
         computed[(event.stream, event.version)] = value
         last[event.stream] = (event.version, value)
     return computed
@@ -152,7 +187,7 @@ def _chains(events: list[_Event], report: LedgerReport) -> dict[tuple[uuid.UUID,
 
 def _check_leaf(
     leaf: tuple[int, int, uuid.UUID, int, bytes], by_position: dict[int, _Event],
-    logged: dict[tuple[uuid.UUID, int], bytes], report: LedgerReport,
+    logged: dict[tuple[uuid.UUID, int], bytes], report: LedgerReport, redactions: Redactions,
 ) -> None:
     """One leaf against the event it logged: still there, still the same
     stream and version, still the same bytes (its link from the logged previous)."""
@@ -169,14 +204,14 @@ def _check_leaf(
                                        f" {event.stream}: versions were swapped or rewritten"))
         return
     previous = chains.GENESIS if version == 1 else logged.get((stream, version - 1))
-    link = chains.chain_hash(stream, version, previous or b"", event.topic, event.state)
-    if link != value:
+    if _link(event, previous or b"", redactions) != value:
         report.problems.append(Problem(name, version, f"changed since it was logged (leaf"
                                        f" {index}): its bytes do not hash to the logged chain"))
 
 
 def _check_stored_chains(
-    events: list[_Event], stored: dict[int, bytes | None], report: LedgerReport
+    events: list[_Event], stored: dict[int, bytes | None], report: LedgerReport,
+    redactions: Redactions,
 ) -> None:
     """Each event's chain hash as its save wrote it, against its bytes and its
     stream's previous stored hash (so only the event that changed is named)."""
@@ -187,8 +222,7 @@ def _check_stored_chains(
                     else by_key.get((event.stream, event.version - 1)))
         if value is None or previous is None:
             continue  # written before chains, not yet backfilled
-        if chains.chain_hash(event.stream, event.version, previous, event.topic,
-                             event.state) != value:
+        if _link(event, previous, redactions) != value:
             report.problems.append(Problem(str(event.stream), event.version,
                                            "its stored chain hash does not match its bytes"))
 
@@ -256,10 +290,13 @@ def _changed(source: str, checkpoint: Checkpoint, trees: _Trees, start: int) -> 
 def _check_checkpoints(
     notes: list[tuple[str, str]], trees: _Trees, keyring: Keyring, report: LedgerReport,
     unlogged: _Event | None,
-) -> None:
+) -> int:
     """Each signed checkpoint (where it came from, note) against the rebuilt
-    log; a failing one names the first event at fault, or bounds where."""
+    log; a failing one names the first event at fault, or bounds where. The
+    largest size a checkpoint signed (0: none; one the log does not match is
+    a problem of its own)."""
     matched: set[int] = {0}
+    signed = 0
     for source, note in notes:
         try:
             checkpoint: Checkpoint = keyring.open_checkpoint(note)
@@ -267,6 +304,7 @@ def _check_checkpoints(
             report.problems.append(Problem(None, None, f"{source}: {error}"))
             continue
         report.checkpoints += 1
+        signed = max(signed, checkpoint.size)
         if checkpoint.size > trees.events.size:
             report.problems.append(_cut(source, checkpoint, trees, unlogged))
         elif trees.events.root(checkpoint.size) != checkpoint.root:
@@ -274,6 +312,7 @@ def _check_checkpoints(
             report.problems.append(_changed(source, checkpoint, trees, start))
         else:
             matched.add(checkpoint.size)
+    return signed
 
 
 def _check_order(leaves: list[Leaf], by_position: dict[int, _Event],
@@ -338,11 +377,12 @@ def verify_ledger(
         return report
     events, leaves = _events(app), _leaves(database, report)
     report.events, report.leaves = len(events), len(leaves)
-    computed = _chains(events, report)
+    redactions = _redactions(events, report)
+    computed = _chains(events, report, redactions)
     by_position = {e.position: e for e in events}
     logged = {(s, v): h for _, _, s, v, h in leaves}
     for leaf in leaves:
-        _check_leaf(leaf, by_position, logged, report)
+        _check_leaf(leaf, by_position, logged, report, redactions)
     _check_order(leaves, by_position, report)
     last_logged = leaves[-1][1] if leaves else 0
     in_log = {n for _, n, _, _, _ in leaves}
@@ -358,16 +398,44 @@ def verify_ledger(
         statements = store.reanchors(tx, database.backend)
     _check_reanchors(statements, keyring, report)
     _check_stream_ids(events, spelled, database.backend, report)
-    _check_stored_chains(events, stored, report)
+    _check_stored_chains(events, stored, report, redactions)
     if outside is not None:
         notes.append(("the given checkpoint", outside))
     notes.sort(key=lambda item: _size(item[1]))
     unlogged = next((e for e in events if e.position > last_logged), None)
-    _check_checkpoints(notes, _trees(leaves, computed), keyring, report, unlogged)
+    covered = _check_checkpoints(notes, _trees(leaves, computed), keyring, report, unlogged)
     report.problems.extend(Problem(None, None, line)
                            for line in signed_map_problems(notes, keyring, leaves))
+    _check_redactions(events, leaves, redactions, computed, covered, report)
     _check_forgotten(app, events, report)
     return report
+
+
+def _check_redactions(events: list[_Event], leaves: list[Leaf], redactions: Redactions,
+                      computed: dict[tuple[uuid.UUID, int], bytes], covered: int,
+                      report: LedgerReport) -> None:
+    """Each event a statement names: its statement must be logged under a
+    signed checkpoint the log matches (the statement is only as good as the
+    log's anchoring), and its bytes must be the redacted ones, not still the
+    cleartext it was logged with (a forget that stopped before its rewrite)."""
+    index = {n: i for i, n, _, _, _ in leaves}
+    by_key = {(e.stream, e.version): e for e in events}
+    for (stream, version), entry in sorted(redactions.items()):
+        event = by_key.get((stream, version))
+        if event is None:
+            continue  # its deletion is reported on its own
+        leaf = index.get(entry.statement)
+        if leaf is None or leaf >= covered:
+            report.problems.append(Problem(str(stream), version, f"rewritten by the redaction"
+                                           f" statement at position {entry.statement}, which no"
+                                           " signed checkpoint covers yet: audit again after the"
+                                           " next checkpoint"))
+        previous = chains.GENESIS if version == 1 else computed.get((stream, version - 1), b"")
+        if chains.chain_hash(stream, version, previous, event.topic,
+                             event.state) == entry.original:
+            report.problems.append(Problem(str(stream), version, "forgotten, but it still holds"
+                                           " its free text in cleartext (the forget stopped"
+                                           " before rewriting it): run the forget again"))
 
 
 def _check_forgotten(app: Tasks, events: list[_Event], report: LedgerReport) -> None:
@@ -395,7 +463,7 @@ def describe(report: LedgerReport) -> list[str]:
     head = (f"ledger: {report.events} events, {report.leaves} in the log, "
             f"{report.checkpoints} signed checkpoints checked")
     lines = [head, *(f"  {p.line()}" for p in report.problems)]
-    lines.extend(f"  {forgotten.line()}" for forgotten in report.forgotten)
+    lines.extend(f"  {line}" for forgotten in report.forgotten for line in forgotten.lines())
     for statement in report.reanchors:
         lines.append(f"  note: an operator re-anchored the log after a restore: {statement};"
                      " a checkpoint of the history before it that fails above is of a"

@@ -3,7 +3,10 @@ Erasure): each task with a ``Task.Forgotten`` event, the events sealed under
 its deleted key (its own, its identity's, a release's stored answer), and
 whether they are consistent -- every check of the audit passed for them --
 and whether the key is really gone. The checks themselves are the audit's:
-a forgotten event's ciphertext, topic and order are hashed like any other."""
+a forgotten event's ciphertext, topic and order are hashed like any other.
+A task written before the upgrade also names the cleartext events its
+forget rewrote (its ``Forgotten`` event's redaction statement: "redacted by
+statement P", P the statement's position; erasure/redaction.py)."""
 
 from __future__ import annotations
 
@@ -23,6 +26,8 @@ FORGOTTEN = get_topic(Task.Forgotten)
 
 class _Stored(Protocol):
     @property
+    def position(self) -> int: ...
+    @property
     def stream(self) -> uuid.UUID: ...
     @property
     def version(self) -> int: ...
@@ -40,14 +45,29 @@ class ForgottenTask:
     events: tuple[tuple[str, int], ...]  # (stream, version) sealed under its key
     key_kept: bool
     consistent: bool
+    # (stream, version) of each cleartext event rewritten, and the position of
+    # the statement that records it (0: none).
+    redacted: tuple[tuple[str, int], ...] = ()
+    statement: int = 0
 
-    def line(self) -> str:
+    def lines(self) -> list[str]:
         state = "consistent" if self.consistent else "INCONSISTENT (problems above)"
         kept = "; ITS KEY IS STILL STORED (task_keys)" if self.key_kept else ""
-        return (
-            f"task {self.task_id}: forgotten, {state} ({len(self.events)} sealed events;"
+        old = (
+            f", {len(self.redacted)} events from before the upgrade redacted by statement"
+            f" {self.statement}"
+            if self.redacted
+            else ""
+        )
+        head = (
+            f"task {self.task_id}: forgotten, {state} ({len(self.events)} sealed events{old};"
             f" operation {self.operation_id} by {self.actor}){kept}"
         )
+        return [head] + [
+            f"  stream {stream} version {version}: redacted by statement {self.statement},"
+            f" {state.split(' ')[0].lower()}"
+            for stream, version in self.redacted
+        ]
 
 
 def forgotten_tasks(
@@ -60,8 +80,8 @@ def forgotten_tasks(
     ``keys_kept``: the forgotten tasks whose key is still stored."""
     records: dict[uuid.UUID, dict[str, Any]] = {}
     for event in events:
-        if event.topic == FORGOTTEN:
-            records.setdefault(event.stream, json.loads(event.state))
+        if event.topic == FORGOTTEN and event.stream not in records:
+            records[event.stream] = {**json.loads(event.state), "_position": event.position}
     if not records:
         return []
     sealed: dict[uuid.UUID, list[tuple[str, int]]] = {task: [] for task in records}
@@ -76,7 +96,12 @@ def forgotten_tasks(
     found = []
     for task, record in records.items():
         own = tuple(sealed[task])
-        mine = {str(task), *(stream for stream, _ in own)}
+        redacted = tuple(
+            (str(entry.get("stream")), int(entry.get("version") or 0))
+            for entry in record.get("redactions") or []
+            if isinstance(entry, dict)
+        )
+        mine = {str(task), *(stream for stream, _ in own), *(stream for stream, _ in redacted)}
         consistent = not anywhere and not mine & failed
         found.append(
             ForgottenTask(
@@ -86,6 +111,8 @@ def forgotten_tasks(
                 own,
                 task in keys_kept,
                 consistent,
+                redacted,
+                int(record["_position"]) if redacted else 0,
             )
         )
     return found

@@ -38,6 +38,7 @@ from kandev_es_client.merkle import (
 from kandev_es_client.signed_note import Checkpoint, Keyring, NoteError
 
 CHAIN_TAG = b"kandev-es/event-chain/v1\x00"
+REDACTED_TAG = b"kandev-es/redacted-event/v1\x00"
 GENESIS = bytes(32)
 BUNDLE_FORMAT = "kandev-es/proof-bundle/v1"
 CONSISTENCY_FORMAT = "kandev-es/consistency-proof/v1"
@@ -52,11 +53,17 @@ MAX_INTEGER = 2**63 - 1
 def chain_hash(
     stream_id: uuid.UUID, version: int, previous: bytes, topic: str, state: bytes
 ) -> bytes:
+    return _hash(CHAIN_TAG, stream_id, version, previous, topic, state)
+
+
+def _hash(
+    tag: bytes, stream_id: uuid.UUID, version: int, previous: bytes, topic: str, state: bytes
+) -> bytes:
     encoded = topic.encode()
     return hashlib.sha256(
         b"".join(
             (
-                CHAIN_TAG,
+                tag,
                 stream_id.bytes,
                 version.to_bytes(8, "big"),
                 previous,
@@ -66,6 +73,72 @@ def chain_hash(
             )
         )
     ).digest()
+
+
+def redacted_hash(
+    stream_id: uuid.UUID, version: int, previous: bytes, topic: str, state: bytes
+) -> bytes:
+    """What a redaction statement records of an event's new bytes: the chain
+    hash's layout under a tag of its own, so it binds the rewritten state to
+    the event's stream, version, place (the original previous hash) and topic."""
+    return _hash(REDACTED_TAG, stream_id, version, previous, topic, state)
+
+
+@dataclass(frozen=True)
+class Redaction:
+    """One entry of a redaction statement (docs/auditing.md: Erasure): an
+    event written before the upgrade in cleartext, rewritten with its free
+    text null. ``original`` is the chain hash it was logged with (so every
+    chain, leaf, checkpoint and proof stays as it was); ``redacted`` is
+    ``redacted_hash`` of its new bytes; ``statement`` the statement's place
+    (its event's version in a bundle, its position in the store)."""
+
+    stream: uuid.UUID
+    version: int
+    original: bytes
+    redacted: bytes
+    statement: int
+
+
+def redactions_in(state: bytes, statement: int) -> list[Redaction]:
+    """The entries of the redaction statement a ``Forgotten`` event's state
+    holds (member ``redactions``), none when it holds none. Raises
+    ProofError for a statement that is not well formed."""
+    if b'"redactions"' not in state:
+        return []
+    try:
+        entries = json.loads(state).get("redactions") or []
+        return [
+            Redaction(
+                uuid.UUID(str(entry["stream"])),
+                integer(entry["version"], "a redacted event's version", 1),
+                decode_hash(entry["original"], "a redaction's original hash"),
+                decode_hash(entry["redacted"], "a redaction's redacted hash"),
+                statement,
+            )
+            for entry in entries
+        ]
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        raise ProofError(f"a redaction statement is malformed: {error}") from None
+
+
+def link(
+    stream_id: uuid.UUID,
+    version: int,
+    previous: bytes,
+    topic: str,
+    state: bytes,
+    redaction: Redaction | None = None,
+) -> tuple[bytes, bool]:
+    """The hash an event stands for in its chain and the log, and whether it
+    is by ``redaction``: its chain hash, or -- for an event a statement
+    redacted whose remaining bytes, topic and place are the ones the
+    statement records -- the original chain hash the statement names."""
+    if redaction is not None and (
+        redacted_hash(stream_id, version, previous, topic, state) == redaction.redacted
+    ):
+        return redaction.original, True
+    return chain_hash(stream_id, version, previous, topic, state), False
 
 
 def chain(stream_id: uuid.UUID, events: Sequence[tuple[int, str, bytes]]) -> list[bytes]:
@@ -84,6 +157,7 @@ class EventFinding:
     event: str
     status: str  # "verified", "pending" (after the checkpoint) or "failed"
     problem: str | None = None
+    redacted_by: int | None = None  # the version of the statement that redacted it
 
 
 @dataclass
@@ -117,6 +191,8 @@ class BundleReport:
             out.append(f"  {self.completeness}")
         for f in self.findings:
             detail = f": {f.problem}" if f.problem else ""
+            if f.redacted_by is not None and f.status == "verified":
+                detail = f", redacted by statement v{f.redacted_by}, consistent"
             out.append(f"  v{f.version} {f.event}: {f.status}{detail}")
         out.append("OK" if self.ok else "FAILED")
         return out
@@ -144,8 +220,11 @@ def _check_event(
     expected_version: int,
     item: Mapping[str, Any],
     checkpoint: Checkpoint,
+    redactions: Mapping[int, Redaction],
 ) -> tuple[EventFinding, bytes]:
-    """One event of a bundle: its link in the chain, then its leaf in the tree.
+    """One event of a bundle: its link in the chain (an event a statement
+    redacted stands for the original hash it names, when its remaining bytes
+    are the ones the statement records), then its leaf in the tree.
     Returns the finding and the hash the next event must chain from."""
     if not isinstance(item, Mapping):
         raise ProofError(f"event {expected_version} is not a JSON object")
@@ -164,7 +243,8 @@ def _check_event(
             "failed",
             f"expected version {expected_version} (an event is missing or out of order)",
         ), claimed
-    recomputed = chain_hash(stream_id, version, previous, topic, state)
+    recomputed, redacted = link(stream_id, version, previous, topic, state, redactions.get(version))
+    by = redactions[version].statement if redacted else None
     if recomputed != claimed:
         return EventFinding(
             version,
@@ -175,7 +255,7 @@ def _check_event(
     raw = item.get("leaf_index")
     index = None if raw is None else integer(raw, f"v{version}'s leaf index")
     if index is None or index >= checkpoint.size:
-        return EventFinding(version, name, "pending", "written after this checkpoint"), claimed
+        return EventFinding(version, name, "pending", "written after this checkpoint", by), claimed
     proof = [decode_hash(p, f"v{version} proof hash") for p in item.get("inclusion") or []]
     try:
         verify_inclusion(index, checkpoint.size, leaf_hash(recomputed), proof, checkpoint.root)
@@ -183,7 +263,50 @@ def _check_event(
         return EventFinding(
             version, name, "failed", f"not in the log at leaf {index}: {error}"
         ), claimed
-    return EventFinding(version, name, "verified"), claimed
+    return EventFinding(version, name, "verified", None, by), claimed
+
+
+def _statements(stream_id: uuid.UUID, items: Sequence[Any]) -> dict[int, Redaction]:
+    """The redaction statements the stream's own ``Forgotten`` events make
+    about its earlier events, by the version they redact (a statement counts
+    only when it is itself verified: ``_check_redacted``)."""
+    found: dict[int, Redaction] = {}
+    for item in items:
+        if not isinstance(item, Mapping) or event_name(str(item.get("topic"))) != "Forgotten":
+            continue
+        statement = integer(item.get("version"), "a statement's version", 1)
+        try:
+            state = base64.b64decode(str(item.get("state")), validate=True)
+        except binascii.Error:
+            raise ProofError(f"v{statement}'s state is not base64") from None
+        for entry in redactions_in(state, statement):
+            if entry.stream != stream_id or entry.version >= statement:
+                continue
+            kept = found.setdefault(entry.version, entry)
+            if (kept.original, kept.redacted) != (entry.original, entry.redacted):
+                raise ProofError(f"two redaction statements differ on v{entry.version}")
+    return found
+
+
+def _check_redacted(findings: list[EventFinding]) -> None:
+    """A redacted event is proven only as far as its statement is: the
+    statement's event must itself be verified under the checkpoint."""
+    for position, finding in enumerate(findings):
+        by = finding.redacted_by
+        if by is None or finding.status == "failed":
+            continue
+        statement = findings[by - 1] if by <= len(findings) else None
+        if statement is not None and statement.status == "verified":
+            continue
+        why = (
+            "this checkpoint does not cover it yet: ask for a bundle against a later one"
+            if statement is not None and statement.status == "pending"
+            else "it does not verify"
+        )
+        findings[position] = EventFinding(
+            finding.version, finding.event, "failed",
+            f"rewritten by the redaction statement in v{by}, but {why}", by,
+        )  # fmt: skip
 
 
 def _check_order(items: Sequence[Any], findings: list[EventFinding]) -> None:
@@ -296,11 +419,15 @@ def verify_bundle(
     try:
         if not isinstance(items, list):
             raise ProofError("the bundle's events are not a list")
+        redactions = _statements(stream_id, items)
         for expected, item in enumerate(items, start=1):
-            finding, previous = _check_event(stream_id, previous, expected, item, checkpoint)
+            finding, previous = _check_event(
+                stream_id, previous, expected, item, checkpoint, redactions
+            )
             report.findings.append(finding)
             claimed.append(previous)
         _check_order(items, report.findings)
+        _check_redacted(report.findings)
     except (ProofError, ValueError, KeyError, TypeError, binascii.Error) as error:
         report.problem = f"malformed event: {error}"
     if report.problem is None:

@@ -1,0 +1,249 @@
+"""Issue 47, point 5, on both backends: a task whose events were written in
+cleartext (format 0, before the upgrade; here KANDEV_SEAL_FREE_TEXT=false
+writes them) is forgotten by rewriting those events with their free text null
+under a redaction statement its Forgotten events record (docs/auditing.md:
+Erasure). Forgotten between two checkpoints, every checkpoint and proof
+issued before verifies unchanged with the public keyring alone; bundles and
+`audit verify --ledger` after it report the rewritten events "redacted by
+statement N, consistent"; tampering with what remains of them, with the
+statement, or with their topic is caught; the protocol goes on; and the
+marker is nowhere in the store after the documented VACUUM."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import uuid
+
+import pytest
+from kandev_es_client import ledger as chains
+from kandev_es_client.verify import main as offline
+
+from kandev_es.api import create_app
+from kandev_es.bootstrap import bootstrap
+from kandev_es.domain.external_id import identity_id
+from kandev_es.domain.release import release_operation_id
+from kandev_es.services import ledger
+from kandev_es.services.ledger_audit import describe, verify_ledger
+from kandev_es.storage.ledger import stream_key
+from tests.conftest import bearer
+from tests.integration.helpers import create
+from tests.integration.test_forget import MARKER, forget
+from tests.integration.test_ledger import keyring, logged
+from tests.integration.test_release import release
+
+
+@pytest.fixture
+def plain(settings):
+    """The store's services writing cleartext events (format 0), as before the upgrade."""
+    services = bootstrap(dataclasses.replace(settings, seal_free_text=False))
+    yield services
+    services.close()
+
+
+@dataclasses.dataclass
+class Forgotten:
+    services: object
+    workspace: object
+    member: tuple
+    released: dict
+    kept: dict
+    first: str
+    second: str
+    before: dict
+
+
+def forget_cleartext_between_checkpoints(plain, tmp_path) -> Forgotten:
+    """Two cleartext tasks holding the marker (title, description, an edit;
+    one released, so a release's stored answer holds it too), a checkpoint
+    and bundles, both forgotten, a second checkpoint."""
+    workspace = plain.workspaces.open("acme")
+    member = plain.tokens.issue(workspace_id=workspace.id, admin=False)[::-1]
+    operator = plain.tokens.issue(workspace_id=workspace.id, admin=False, role="operator")[::-1]
+    client = create_app(services=plain, run_projections=False).test_client()
+    made = {}
+    for name in ("OLD-1", "OLD-2"):
+        body = {"external_id": name, "title": f"{MARKER} {name}", "description": MARKER}
+        made[name] = create(client, member[1], **body).json
+        edited = client.patch(
+            f"/api/v1/tasks/{made[name]['id']}",
+            json={"description": f"{MARKER} again"},
+            headers=bearer(member[1]),
+        )
+        assert edited.status_code == 200, edited.json
+    assert release(client, workspace, operator[1], "OLD-1", "rel-1").status_code == 200
+    stored = b"".join(bytes(n.state) for n in all_events(plain))
+    assert MARKER.encode() in stored and b'"sealed"' not in stored  # format 0
+    first = logged(plain, workspace, member)
+    (tmp_path / "first.txt").write_text(first)
+    before = {
+        "identity": ledger.proof_bundle(plain.app, plain.database, workspace.id, "OLD-1"),
+        "task": ledger.task_proof_bundle(plain.app, plain.database, uuid.UUID(made["OLD-1"]["id"])),
+    }
+    for kind, bundle in before.items():
+        (tmp_path / f"before-{kind}.json").write_text(json.dumps(bundle))
+    for n, name in enumerate(("OLD-1", "OLD-2")):
+        forgot = forget(client, operator[1], made[name]["id"], key=f"erase-{n}")
+        assert forgot.status_code == 200, forgot.json
+    second = logged(plain, workspace, member)
+    (tmp_path / "second.txt").write_text(second)
+    return Forgotten(plain, workspace, member, made["OLD-1"], made["OLD-2"], first, second, before)
+
+
+def all_events(services):
+    return list(
+        services.app.recorder.select_notifications(start=0, limit=100_000, inclusive_of_start=False)
+    )
+
+
+def test_a_cleartext_task_is_forgotten_under_a_statement_and_every_proof_holds(
+    plain, cli, tmp_path
+):
+    done = forget_cleartext_between_checkpoints(plain, tmp_path)
+    (tmp_path / "keyring.json").write_text(cli("audit", "keyring").stdout)
+    ring = ["--keyring", str(tmp_path / "keyring.json")]
+    events = all_events(plain)
+    assert all(MARKER.encode() not in bytes(n.state) for n in events)
+    task = uuid.UUID(done.released["id"])
+    statement = next(
+        json.loads(n.state)
+        for n in events
+        if n.originator_id == task and n.topic.endswith("Task.Forgotten")
+    )
+    streams = {e["stream"] for e in statement["redactions"]}
+    operation = release_operation_id(done.workspace.id, "rel-1")
+    assert streams == {str(task), str(identity_id(done.workspace.id, "OLD-1")), str(operation)}
+    assert MARKER not in json.dumps(statement)
+
+    # What was issued before verifies unchanged, with the keyring alone.
+    for kind in ("identity", "task"):
+        assert offline(["bundle", str(tmp_path / f"before-{kind}.json"), *ring]) == 0
+    assert offline(["checkpoint", str(tmp_path / "first.txt"), *ring]) == 0
+    proof = cli("audit", "consistency", "--from", done.first.split("\n")[1]).stdout
+    (tmp_path / "consistency.json").write_text(proof)
+    assert offline(["consistency", str(tmp_path / "consistency.json"), *ring]) == 0
+
+    # Bundles issued after: the rewritten events verify by their statement.
+    size = int(done.first.split("\n")[1])
+    after = {
+        "identity": ledger.proof_bundle(
+            plain.app, plain.database, done.workspace.id, "OLD-1", [size]
+        ),
+        "task": ledger.task_proof_bundle(plain.app, plain.database, task, [size]),
+    }
+    for kind, bundle in after.items():
+        assert MARKER not in json.dumps(bundle)
+        report = chains.verify_bundle(
+            bundle, keyring(plain), held=[keyring(plain).open_checkpoint(done.first)]
+        )
+        assert report.ok, report.lines()
+        assert any("redacted by statement" in line for line in report.lines()), report.lines()
+        (tmp_path / f"after-{kind}.json").write_text(json.dumps(bundle))
+        held = ["--checkpoint", str(tmp_path / "first.txt")]
+        assert offline(["bundle", str(tmp_path / f"after-{kind}.json"), *ring, *held]) == 0
+
+    for checkpoint in ("first.txt", "second.txt"):
+        verified = cli("audit", "verify", "--ledger", "--checkpoint", str(tmp_path / checkpoint))
+        assert verified.exit_code == 0, verified.output
+        assert f"task {task}: forgotten, consistent" in verified.stdout
+        assert f"stream {operation} version 1: redacted by statement" in verified.stdout
+        assert verified.stdout.splitlines()[-1] == "OK"
+    protocol_goes_on(done)
+    marker_is_nowhere(plain, cli)
+
+
+def protocol_goes_on(done: Forgotten) -> None:
+    """Read, retry (Found, forgotten), lookup, history, release and a replayed
+    forget on the forgotten tasks; a rebuild gives the same read models."""
+    from projections.rebuild import rebuild
+
+    services = done.services
+    client = create_app(services=services, run_projections=False).test_client()
+    secret = done.member[1]
+    got = client.get(f"/api/v1/tasks/{done.kept['id']}", headers=bearer(secret)).json
+    assert (got["title"], got["description"], got["forgotten"]) == (None, None, True)
+    retried = create(client, secret, external_id="OLD-2", title="again")
+    assert retried.status_code == 200 and retried.json["id"] == done.kept["id"]
+    assert retried.json["title"] is None and retried.json["forgotten"] is True
+    history = client.get(
+        f"/api/v1/workspaces/{done.workspace.id}/identities/history",
+        query_string={"external_id": "OLD-1"},
+        headers=bearer(secret),
+    )
+    assert history.status_code in (200, 403) and MARKER not in history.get_data(as_text=True)
+    services.projections.catch_up()
+    with services.database.transaction() as tx:
+        live = sorted(map(str, tx.execute("SELECT task_id, revision, dto FROM tasks_view")))
+    for name in ("tasks", "identities", "feeds"):
+        rebuild(services.projections, name, batch_size=3)
+    with services.database.transaction() as tx:
+        rebuilt = sorted(map(str, tx.execute("SELECT task_id, revision, dto FROM tasks_view")))
+    assert rebuilt == live and MARKER not in repr(rebuilt)
+
+
+def marker_is_nowhere(services, cli) -> None:
+    from tests.integration.test_forget import table_files
+
+    settings = services.settings
+    services.close()
+    if settings.postgres is None:
+        import sqlite3
+        from pathlib import Path
+
+        with sqlite3.connect(settings.sqlite_path) as connection:  # docs/operations.md
+            connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            connection.execute("VACUUM")
+            connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        for path in (p for p in Path(settings.data_dir).rglob("*") if p.is_file()):
+            assert MARKER.encode() not in path.read_bytes(), path
+        return
+    for path in table_files(settings.postgres.schema):
+        assert MARKER.encode() not in path.read_bytes(), path
+
+
+def set_column(services, stream, version, column, value):
+    table = services.app.recorder.events_table_name
+    with services.database.transaction() as tx:
+        (old,) = tx.execute(
+            f"SELECT {column} FROM {table} WHERE originator_id = ? AND originator_version = ?",
+            (stream_key(services.database.backend, stream), version),
+        )[0]
+        tx.execute(
+            f"UPDATE {table} SET {column} = ? WHERE originator_id = ? AND originator_version = ?",
+            (value(old), stream_key(services.database.backend, stream), version),
+        )
+    return old
+
+
+def test_tampering_with_a_redacted_event_or_its_statement_is_caught(plain, tmp_path):
+    done = forget_cleartext_between_checkpoints(plain, tmp_path)
+    held = (tmp_path / "first.txt").read_text()
+    task = uuid.UUID(done.released["id"])
+    report = verify_ledger(plain.app, plain.database, keyring(plain), held)
+    assert report.ok, describe(report)
+    forgotten_at = max(n.originator_version for n in all_events(plain) if n.originator_id == task)
+    cases = {
+        # what remains of the rewritten Created: its workflow step changed
+        (task, 1, "state"): lambda old: bytes(old).replace(b'"backlog"', b'"done"'),
+        # the redacted bytes passed off under another topic
+        (task, 1, "topic"): lambda old: old.replace("CreatedActive", "Created"),
+        # the statement edited: its redacted hash no longer the one logged
+        (task, forgotten_at, "state"): lambda old: bytes(old).replace(
+            b'"redacted":"', b'"redacted":"A'
+        ),
+    }
+    for (stream, version, column), change in cases.items():
+        old = set_column(plain, stream, version, column, change)
+        try:
+            failed = verify_ledger(plain.app, plain.database, keyring(plain), held)
+            lines = describe(failed)
+            assert not failed.ok, (column, lines)
+            assert any(f"stream {stream} version {version}" in line for line in lines), lines
+            assert any(
+                line.startswith(f"  task {task}: forgotten, INCONSISTENT") for line in lines
+            ), lines
+            bundle = ledger.task_proof_bundle(plain.app, plain.database, task)
+            assert not chains.verify_bundle(bundle, keyring(plain)).ok
+        finally:
+            set_column(plain, stream, version, column, lambda _, old=old: old)
+    assert verify_ledger(plain.app, plain.database, keyring(plain), held).ok
