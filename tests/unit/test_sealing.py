@@ -63,3 +63,15 @@ def test_an_edit_seals_only_the_free_text_it_changes():
     assert both[SEALED]["fields"] == ["changes.description"]
     unseal(both, UPDATED, key)
     assert both["changes"] == {"workflow_step": "doing", "description": "call Jane"}
+
+
+def test_boxes_made_with_one_shared_cipher_open_with_the_key_each_with_its_own_nonce():
+    key = AESGCM.generate_key(bit_length=256)
+    cipher = AESGCM(key)  # what a save shares between a new task's Claimed and Created
+    first, second = claimed_state(), claimed_state()
+    second["task_id"] = first["task_id"]
+    original = copy.deepcopy(first)
+    assert seal(first, CLAIMED, first["task_id"], cipher)
+    assert seal(second, CLAIMED, second["task_id"], cipher)
+    assert first[SEALED]["box"][:16] != second[SEALED]["box"][:16]  # a random nonce per box
+    assert unseal(first, CLAIMED, key) and first == original

@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import base64
 import json
+import json.encoder
 import logging
 import os
 import re
 import threading
 import uuid
+from base64 import b64encode
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -55,10 +57,25 @@ SEALED_FIELDS: dict[str, tuple[tuple[tuple[str, ...], ...], tuple[str, ...]]] = 
 }  # fmt: skip
 # The events that start a task: its key is made with them.
 NEW_TASK = frozenset(get_topic(c) for c in (Task.Created, Task.CreatedActive, Identity.Claimed))
+KEY_BYTES = 32  # AES-256
 # A sealed event's task, as the encoder writes its member (compact, in order).
 _SEALED_TASK = re.compile(rb'"sealed":\{"v":1,"task":"([0-9a-f]{32})"')
-# One encoder for every box (json.dumps with options makes one per call).
-_ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+# One encoder for every box, made once: json.dumps with options makes a
+# JSONEncoder per call, and its encode() a C encoder per call. A box's values
+# are a flat object (no cycle to look for); the bytes are the same.
+_C_ENCODER: Any = getattr(json.encoder, "c_make_encoder", None)
+_BOX_ENCODER: Any = _C_ENCODER and _C_ENCODER(
+    None, json.JSONEncoder().default, json.encoder.encode_basestring, None,
+    ":", ",", False, False, True,
+)  # fmt: skip
+
+
+def _encode_box(values: dict[str, Any]) -> str:
+    if _BOX_ENCODER is None:  # CPython without its C accelerator
+        return json.dumps(values, separators=(",", ":"), ensure_ascii=False)
+    return "".join(_BOX_ENCODER(values, 0))
+
+
 log = logging.getLogger("kandev_es.store")
 
 # Reads the stored keys of some tasks (those it has): the recorder's select.
@@ -69,34 +86,45 @@ def aad(task_id: uuid.UUID, topic: str) -> bytes:
     return _AAD_TAG + task_id.bytes + topic.encode()
 
 
-def seal(state: dict[str, Any], topic: str, task_id: uuid.UUID, key: bytes) -> bool:
+def _holders(
+    fields: dict[str, tuple[tuple[tuple[str, ...], ...], tuple[str, ...]]],
+) -> dict[str, tuple[str | None, tuple[tuple[str, str], ...]]]:
+    """Each topic's free-text members as seal() walks them: the one member
+    holding them (None: the state itself) and their (name, dotted path)s."""
+    holders: dict[str, tuple[str | None, tuple[tuple[str, str], ...]]] = {}
+    for topic, (paths, _) in fields.items():
+        parents = {path[:-1] for path in paths}
+        if len(parents) != 1 or len(next(iter(parents))) > 1:
+            raise ValueError(f"{topic}: its sealed fields must share one holder, at most 1 deep")
+        parent = next(iter(parents))
+        holders[topic] = (parent[0] if parent else None, tuple((p[-1], ".".join(p)) for p in paths))
+    return holders
+
+
+_HOLDERS = _holders(SEALED_FIELDS)
+
+
+def seal(state: dict[str, Any], topic: str, task_id: uuid.UUID, key: bytes | AESGCM) -> bool:
     """Take ``topic``'s free-text members out of ``state`` (a copy the caller
-    owns; nested members are copied before they change) into its sealed
-    member. False: it holds none of them (nothing sealed)."""
-    paths = SEALED_FIELDS[topic][0]
-    taken: dict[str, Any] = {}
-    for path in paths:
-        parent: Any = state
-        for name in path[:-1]:
-            parent = parent.get(name) if isinstance(parent, dict) else None
-        if isinstance(parent, dict) and path[-1] in parent:
-            taken[".".join(path)] = None
-    if not taken:
+    owns; a nested member is copied before it changes) into its sealed
+    member. False: it holds none of them (nothing sealed). ``key``: the data
+    key, or an AESGCM made with it (the caller's, for several boxes)."""
+    parent, names = _HOLDERS[topic]
+    holder = state if parent is None else state.get(parent)
+    if not isinstance(holder, dict):
         return False
-    for name in {path[0] for path in paths if len(path) > 1 and ".".join(path) in taken}:
-        state[name] = dict(state[name])
-    for dotted in taken:
-        *parents, last = dotted.split(".")
-        parent = state
-        for name in parents:
-            parent = parent[name]
-        taken[dotted] = parent.pop(last)
+    present = [(name, dotted) for name, dotted in names if name in holder]
+    if not present:
+        return False
+    if parent is not None:
+        holder = state[parent] = dict(holder)
+    taken = {dotted: holder.pop(name) for name, dotted in present}
     nonce = os.urandom(12)
-    plain = _ENCODE(taken).encode()
-    box = nonce + AESGCM(key).encrypt(nonce, plain, aad(task_id, topic))
+    cipher = key if isinstance(key, AESGCM) else AESGCM(key)
+    box = cipher.encrypt(nonce, _encode_box(taken).encode(), aad(task_id, topic))
     state[SEALED] = {
         "v": FORMAT, "task": task_id.hex, "fields": list(taken),
-        "box": base64.b64encode(box).decode(),
+        "box": b64encode(nonce + box).decode(),
     }  # fmt: skip
     return True
 
@@ -129,12 +157,14 @@ def unseal(state: dict[str, Any], topic: str, key: bytes | None) -> bool:
 def _task_of(state: Mapping[str, Any], path: tuple[str, ...], originator: Any) -> uuid.UUID | None:
     """The task whose key seals an event: its originator, or the id at
     ``path`` (None where there is none, e.g. a release that found no holder)."""
-    if not path:
-        return uuid.UUID(str(originator))
-    value: Any = state
-    for name in path:
-        value = value.get(name) if isinstance(value, Mapping) else None
-    return None if value is None else uuid.UUID(str(value))
+    value: Any = originator
+    if path:
+        value = state
+        for name in path:
+            value = value.get(name) if isinstance(value, Mapping) else None
+    if value is None or isinstance(value, uuid.UUID):
+        return value
+    return uuid.UUID(str(value))
 
 
 def sealed_task(state: Mapping[str, Any]) -> uuid.UUID | None:
@@ -231,10 +261,13 @@ class SealingMapper(Mapper):  # type: ignore[type-arg]
         cleartext (format 0)."""
         made: dict[uuid.UUID, bytes] = {}
         self._local.made = made if seal else None
+        # One AESGCM per task in the block: a create seals its plan (Claimed)
+        # and its task (Created) under the same key.
+        self._local.ciphers = {}
         try:
             yield made
         finally:
-            self._local.made = None
+            self._local.made = self._local.ciphers = None
 
     def to_stored_event(self, domain_event: Any) -> StoredEvent:
         topic = get_topic(type(domain_event))
@@ -250,8 +283,7 @@ class SealingMapper(Mapper):  # type: ignore[type-arg]
             state["class_version"] = class_version
         task_id = _task_of(state, spec[1], originator_id)
         if task_id is not None:
-            key = made.get(task_id) or self._key_of(task_id, topic, made)
-            seal(state, topic, task_id, key)
+            seal(state, topic, task_id, self._cipher(task_id, topic, made))
         stored = self.transcoder.encode(state)
         if self.compressor:
             stored = self.compressor.compress(stored)
@@ -264,13 +296,22 @@ class SealingMapper(Mapper):  # type: ignore[type-arg]
             state=stored,
         )
 
-    def _key_of(self, task_id: uuid.UUID, topic: str, made: dict[uuid.UUID, bytes]) -> bytes:
-        """A new task's new key; an existing task's stored one (a task written
-        before the upgrade gets its first key with its first sealed event)."""
-        key = None if topic in NEW_TASK else self.keys.get(task_id)
-        if key is None:
-            key = made[task_id] = AESGCM.generate_key(bit_length=256)
-        return key
+    def _cipher(self, task_id: uuid.UUID, topic: str, made: dict[uuid.UUID, bytes]) -> AESGCM:
+        """The AESGCM of the task's key: a new task's new key; an existing
+        task's stored one (a task written before the upgrade gets its first
+        key with its first sealed event)."""
+        ciphers: dict[uuid.UUID, AESGCM] = self._local.ciphers
+        cipher = ciphers.get(task_id)
+        if cipher is None:
+            key = made.get(task_id)
+            if key is None and topic not in NEW_TASK:
+                key = self.keys.get(task_id)
+            if key is None:
+                # 256 bits from the kernel's CSPRNG, as AESGCM.generate_key
+                # makes them, without its detour (28 of 50 us a create's).
+                key = made[task_id] = os.urandom(KEY_BYTES)
+            cipher = ciphers[task_id] = AESGCM(key)
+        return cipher
 
     def to_domain_event(self, stored_event: StoredEvent) -> Any:
         event = super().to_domain_event(stored_event)
