@@ -32,7 +32,11 @@ class RepositoryListedSchema(Schema):
 class AttachmentSchema(Schema):
     id = fields.String(required=True, metadata={"example": "sha256:…"})
     sha256 = fields.String(required=True)
-    filename = fields.String(required=True)
+    filename = fields.String(
+        required=True,
+        allow_none=True,
+        metadata={"description": "null once forgotten with the task that claimed it"},
+    )
     size = fields.Integer(required=True)
     content_type = fields.String(required=True)
     claimed_by = fields.UUID(allow_none=True, required=True)

@@ -28,10 +28,12 @@ class Attachment(Aggregate):
     ) -> None:
         self.workspace_id = workspace_id
         self.sha256 = sha256
-        self.filename = filename
+        # None once forgotten (or its data key lost: storage/sealing.py).
+        self.filename: str | None = filename
         self.size = size
         self.content_type = content_type
         self.claimed_by: uuid.UUID | None = None
+        self.forgotten = False
 
     @classmethod
     def upload(
@@ -54,6 +56,12 @@ class Attachment(Aggregate):
             raise DomainRuleBroken("attachment is claimed by another task")
         self.trigger_event(self.Claimed, task_id=task_id)
 
+    def forget(self, task_id: uuid.UUID) -> None:
+        """Its file name erased with the task that claimed it (erasure/): its
+        data key is deleted in the same save, so the sealed name reads as None."""
+        if not self.forgotten:
+            self.trigger_event(self.Forgotten, task_id=task_id)
+
     def release_claim(self, task_id: uuid.UUID) -> None:
         if self.claimed_by == task_id:
             self.trigger_event(self.ClaimReleased, task_id=task_id)
@@ -69,3 +77,13 @@ class Attachment(Aggregate):
 
         def apply(self, aggregate: Attachment) -> None:
             aggregate.claimed_by = None
+
+    class Forgotten(Aggregate.Event):
+        """Its file name was forgotten with the task that claimed it: which
+        task, never the name."""
+
+        task_id: uuid.UUID
+
+        def apply(self, aggregate: Attachment) -> None:
+            aggregate.filename = None
+            aggregate.forgotten = True

@@ -2,10 +2,11 @@
 in one save, the task's and its identity's ``Forgotten`` events, its data key
 deleted (storage/sealing.py: its sealed events then read as forgotten), its
 read-model rows rewritten by the inline views, and its earlier feed rows
-rewritten without its free text. A task's events written before the upgrade
-(cleartext, format 0) are rewritten with their free text null under a
-redaction statement the Forgotten events record (erasure/redaction.py).
-By stable operation id (Idempotency-Key)."""
+rewritten without its free text; with them, the file names of the uploads it
+claimed (each upload's ``Forgotten`` event, its own key deleted). A task's
+events written before the upgrade (cleartext, format 0) are rewritten with
+their free text null under a redaction statement the Forgotten events record
+(erasure/redaction.py). By stable operation id (Idempotency-Key)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kandev_es.application import Tasks, VersionConflict
+from kandev_es.domain.attachment import Attachment, attachment_id_for
 from kandev_es.domain.identity import Identity
 from kandev_es.domain.principal import Principal
 from kandev_es.domain.release import validate_operation_id
@@ -78,15 +80,17 @@ class ForgetService:
             if identity is not None:
                 own = [e for e in entries if e["stream"] == str(identity.id)]
                 identity.forget_task(task_id, operation_id, request_id, own or None)
+            attachments = self._attachments(task)
+            keys = [task_id, *(attachment.id for attachment in attachments)]
             views: dict[str, list[tuple[Any, ...]]] = {
-                "task_keys_gone": [(str(task_id),)],
+                "task_keys_gone": [(str(key),) for key in keys],
                 "feed_forgotten": self._feed_rewrites(task_id),
             }
-            saved = [a for a in (task, identity) if a is not None and a.pending_events]
+            saved = [a for a in (task, identity, *attachments) if a and a.pending_events]
             try:
                 self._app.save_atomically(*saved, extra_views=views)
             except VersionConflict:
-                continue  # the task or identity moved on: read again
+                continue  # the task, identity or an attachment moved on: read again
             self._rewrite(found)
             return ForgetResult(answer(task, reason), replayed=False)
         raise Contended("the task keeps changing; retry with the same Idempotency-Key")
@@ -118,6 +122,18 @@ class ForgetService:
         if found:
             table = self._app.recorder.events_table_name  # type: ignore[attr-defined]
             redaction.apply(self._database, table, found)
+
+    def _attachments(self, task: Task) -> list[Attachment]:
+        """The uploads the task claimed, each with its ``Forgotten`` event
+        pending: their file names are sealed under keys of their own
+        (storage/sealing.py), deleted in the same save."""
+        found = []
+        for sha in task.attachments or ():
+            attachment = self._app.load(attachment_id_for(task.workspace_id, sha), Attachment)
+            if attachment is not None and attachment.claimed_by == task.id:
+                attachment.forget(task.id)
+                found.append(attachment)
+        return found
 
     def _feed_rewrites(self, task_id: uuid.UUID) -> list[tuple[int, str]]:
         """The task's feed rows (JSON feed, SSE replay, webhooks read them),

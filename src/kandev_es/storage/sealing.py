@@ -9,6 +9,9 @@ members (``SEALED_FIELDS``) are taken out of it and stored in one member
     "sealed": {"v": 1, "task": "<task id hex>", "fields": ["title", ...],
                "box": "<base64 of nonce (12 bytes) || AES-256-GCM ciphertext>"}
 
+(an uploaded attachment's file name: "task" is the attachment's id, whose key
+is deleted with the task that claimed it)
+
 whose plaintext is the JSON object of the taken values by dotted path, and
 whose associated data (``aad``) binds it to its task and event topic. An
 event without ``sealed`` is format 0 (cleartext, written before the
@@ -35,6 +38,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from eventsourcing.persistence import Mapper, StoredEvent
 from eventsourcing.utils import get_topic
 
+from kandev_es.domain.attachment import Attachment
 from kandev_es.domain.identity import Identity
 from kandev_es.domain.release import ReleaseOperation
 from kandev_es.domain.task import Task
@@ -54,9 +58,14 @@ SEALED_FIELDS: dict[str, tuple[tuple[tuple[str, ...], ...], tuple[str, ...]]] = 
     get_topic(ReleaseOperation.Recorded): (
         (("result", "title"), ("result", "description")), ("result", "id"),
     ),
+    # An upload's file name, under a key of the attachment's own (there is no
+    # task yet), deleted when the task that claimed it is forgotten.
+    get_topic(Attachment.Uploaded): ((("filename",),), ()),
 }  # fmt: skip
-# The events that start a task: its key is made with them.
-NEW_TASK = frozenset(get_topic(c) for c in (Task.Created, Task.CreatedActive, Identity.Claimed))
+# The events that start a task (or an attachment): its key is made with them.
+NEW_TASK = frozenset(
+    get_topic(c) for c in (Task.Created, Task.CreatedActive, Identity.Claimed, Attachment.Uploaded)
+)
 KEY_BYTES = 32  # AES-256
 # A sealed event's task, as the encoder writes its member (compact, in order).
 _SEALED_TASK = re.compile(rb'"sealed":\{"v":1,"task":"([0-9a-f]{32})"')
