@@ -1,6 +1,9 @@
 """Authorization over MCP: the token decides the workspace;
 a refused create is the fixed 404 "task not created" and writes nothing, even
-for an identity that is held — it never reveals that a task exists."""
+for an identity that is held — it never reveals that a task exists. A missing
+or unknown KANDEV_TOKEN is tried on the real `kandev-es mcp` process over stdio
+(the token is its environment's); the other cases connect to the same server
+in-process (tests/support/mcp_client.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ import pytest
 
 from kandev_es.errors import NOT_VALID_FOR_WORKSPACE
 from tests.support.errors import without_request_id
-from tests.support.mcp_client import call, mcp_stdio
+from tests.support.mcp_client import call, mcp_in_process, mcp_stdio
 
 pytestmark = pytest.mark.anyio
 CREATE = "create_task_kandev"
@@ -28,12 +31,12 @@ async def test_token_of_another_workspace_cannot_create_and_writes_nothing(
 ):
     _, secret = member
     _, stranger = outsider
-    async with mcp_stdio(settings, secret) as client:
+    async with mcp_in_process(settings, secret) as client:
         error, held = await call(client, CREATE, title="Mine", external_id="HELD-1",
                                  start_agent=False)
     assert not error and held["outcome"] == "created"
     before = services.app.max_notification_id()
-    async with mcp_stdio(settings, stranger) as client:
+    async with mcp_in_process(settings, stranger) as client:
         fresh_error, fresh = await call(
             client, CREATE, title="t", external_id="NEW-1", workspace_id=str(workspace.id)
         )
@@ -52,9 +55,9 @@ async def test_parent_in_a_workspace_the_token_cannot_act_on_is_not_used(
 ):
     _, stranger = outsider
     _, secret = member
-    async with mcp_stdio(settings, secret) as client:
+    async with mcp_in_process(settings, secret) as client:
         _, parent = await call(client, CREATE, title="Parent", start_agent=False)
-    async with mcp_stdio(settings, stranger) as client:
+    async with mcp_in_process(settings, stranger) as client:
         error, body = await call(client, CREATE, title="Child", parent_id=parent["id"],
                                  start_agent=False)
     # Resolution fell back to the token's own workspace, where no such parent exists.
@@ -84,10 +87,10 @@ async def test_token_of_another_workspace_cannot_read_list_or_update_a_task(
 ):
     _, secret = member
     _, stranger = outsider
-    async with mcp_stdio(settings, secret) as client:
+    async with mcp_in_process(settings, secret) as client:
         _, task = await call(client, CREATE, title="Private", external_id="P-1", start_agent=False)
     before = services.app.max_notification_id()
-    async with mcp_stdio(settings, stranger) as client:
+    async with mcp_in_process(settings, stranger) as client:
         answers = [
             await call(client, "get_task", task_id=task["id"]),
             await call(client, "update_task", task_id=task["id"], title="Hijacked"),
@@ -102,7 +105,7 @@ async def test_admin_token_resolves_the_only_workspace_then_needs_one_when_sever
     settings, services, workspace, admin
 ):
     _, secret = admin
-    async with mcp_stdio(settings, secret) as client:
+    async with mcp_in_process(settings, secret) as client:
         _, only = await call(client, CREATE, title="Lands in acme", start_agent=False)
         globex = services.workspaces.open("globex")
         ambiguous_error, ambiguous = await call(client, CREATE, title="Where?", start_agent=False)

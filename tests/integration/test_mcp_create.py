@@ -1,6 +1,8 @@
-"""create_task_kandev over stdio against the real `kandev-es mcp` process:
-the outcomes (AC-1/2/3), lookup before validation (AC-4), bad external IDs,
-no auto-generated external_id. Runs on SQLite and PostgreSQL."""
+"""create_task_kandev against the server `kandev-es mcp` runs: the outcomes
+(AC-1/2/3), lookup before validation (AC-4), bad external IDs, no
+auto-generated external_id. The first test drives the real process over stdio;
+the others connect to the same server in-process (tests/support/mcp_client.py).
+Runs on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import pytest
 
 from tests.conftest import bearer
 from tests.integration.helpers import start_unsettled_creation, task_created_count
-from tests.support.mcp_client import call, mcp_stdio
+from tests.support.mcp_client import call, mcp_in_process, mcp_stdio
 
 pytestmark = pytest.mark.anyio
 CREATE = "create_task_kandev"
@@ -37,7 +39,7 @@ async def test_new_external_id_is_created_and_retry_is_found_settled(
 
 async def test_result_is_the_body_the_rest_api_returns(settings, services, client, member):
     _, secret = member
-    async with mcp_stdio(settings, secret) as mcp:
+    async with mcp_in_process(settings, secret) as mcp:
         _, created = await call(mcp, CREATE, title="Same body", external_id="E-REST")
         _, found = await call(mcp, CREATE, title="Same body", external_id="E-REST")
     rest = client.post(
@@ -54,7 +56,7 @@ async def test_found_unsettled_returns_the_in_flight_task_and_never_release_advi
     _, secret = member
     in_flight = start_unsettled_creation(services, workspace, "E-3")
     before = services.app.max_notification_id()
-    async with mcp_stdio(settings, secret) as client:
+    async with mcp_in_process(settings, secret) as client:
         error, answer = await call(client, CREATE, title="Retry", external_id="E-3")
     assert not error
     assert (answer["outcome"], answer["deduplicated"], answer["creation_complete"]) == (
@@ -70,7 +72,7 @@ async def test_without_external_id_every_create_is_new_and_none_is_generated(
     settings, services, workspace, member
 ):
     _, secret = member
-    async with mcp_stdio(settings, secret) as client:
+    async with mcp_in_process(settings, secret) as client:
         _, one = await call(client, CREATE, title="Same", start_agent=False)
         _, two = await call(client, CREATE, title="Same", start_agent=False)
         _, read = await call(client, "get_task", task_id=one["id"])
@@ -81,7 +83,7 @@ async def test_without_external_id_every_create_is_new_and_none_is_generated(
 
 async def test_start_agent_defaults_to_true(settings, services, workspace, member):
     _, secret = member
-    async with mcp_stdio(settings, secret) as client:
+    async with mcp_in_process(settings, secret) as client:
         error, task = await call(client, CREATE, title="With an agent", external_id="AGENT-1")
     assert not error, task
     assert task["start_agent"] is True and task["outcome"] == "created"
@@ -105,7 +107,7 @@ async def test_retry_with_invalid_payload_still_finds_the_original(
     settings, services, workspace, member, drift
 ):
     _, secret = member
-    async with mcp_stdio(settings, secret) as client:
+    async with mcp_in_process(settings, secret) as client:
         _, original = await call(client, CREATE, title="Original", external_id="E-4",
                                  start_agent=False)
         before = services.app.max_notification_id()
@@ -120,7 +122,7 @@ async def test_invalid_payload_for_a_free_identity_is_a_typed_error_writing_noth
     settings, services, workspace, member
 ):
     _, secret = member
-    async with mcp_stdio(settings, secret) as client:
+    async with mcp_in_process(settings, secret) as client:
         before = services.app.max_notification_id()
         blank_error, blank = await call(client, CREATE, title="  ", external_id="FREE-1")
         flow_error, flow = await call(client, CREATE, title="t", workflow="nope",
@@ -146,7 +148,7 @@ async def test_bad_external_id_is_a_typed_error_and_writes_nothing(
 ):
     _, secret = member
     before = services.app.max_notification_id()
-    async with mcp_stdio(settings, secret) as client:
+    async with mcp_in_process(settings, secret) as client:
         error, body = await call(client, CREATE, title="t", external_id=bad)
     assert error
     assert (body["error"], body["status"], body["details"]["reason"]) == (
@@ -158,7 +160,7 @@ async def test_bad_external_id_is_a_typed_error_and_writes_nothing(
 async def test_external_id_reaches_the_protocol_byte_exact(settings, services, workspace, member):
     """The SDK's high-level server would JSON-decode list-looking strings; ours doesn't."""
     _, secret = member
-    async with mcp_stdio(settings, secret) as client:
+    async with mcp_in_process(settings, secret) as client:
         _, listy = await call(client, CREATE, title="t", external_id='["a", "b"]',
                               start_agent=False)
         _, cased = await call(client, CREATE, title="t", external_id="Jira-1", start_agent=False)

@@ -8,7 +8,7 @@ import time
 import anyio
 import pytest
 
-from tests.support.mcp_client import call, mcp_stdio
+from tests.support.mcp_client import call, mcp_in_process
 
 pytestmark = pytest.mark.anyio
 CREATE = "create_task_kandev"
@@ -16,7 +16,7 @@ CREATE = "create_task_kandev"
 
 async def test_tool_list_offers_no_lookup_probe_or_release_tool(settings, services, member):
     _, secret = member
-    async with mcp_stdio(settings, secret) as client:
+    async with mcp_in_process(settings, secret) as client:
         listed = (await client.list_tools()).tools
     names = {tool.name for tool in listed}
     assert names == {"create_task_kandev", "get_task", "list_tasks", "update_task"}
@@ -30,7 +30,7 @@ async def test_create_tool_describes_create_if_absent_and_the_one_unsafe_move(
     settings, services, member
 ):
     _, secret = member
-    async with mcp_stdio(settings, secret) as client:
+    async with mcp_in_process(settings, secret) as client:
         listed = (await client.list_tools()).tools
     tool = next(tool for tool in listed if tool.name == CREATE)
     text = tool.description or ""
@@ -64,7 +64,7 @@ async def test_get_task_includes_external_id_only_while_held(
     settings, services, workspace, member
 ):
     _, secret = member
-    async with mcp_stdio(settings, secret) as client:
+    async with mcp_in_process(settings, secret) as client:
         _, held = await call(client, CREATE, title="Held", external_id="G-1", start_agent=False)
         _, plain = await call(client, CREATE, title="Plain", start_agent=False)
         _, read_held = await call(client, "get_task", task_id=held["id"])
@@ -80,7 +80,7 @@ async def test_update_task_edits_fields_and_rejects_external_id(
     settings, services, workspace, member
 ):
     _, secret = member
-    async with mcp_stdio(settings, secret) as client:
+    async with mcp_in_process(settings, secret) as client:
         _, task = await call(client, CREATE, title="Before", external_id="U-1", start_agent=False)
         _, updated = await call(client, "update_task", task_id=task["id"], title="After",
                                 if_revision=task["revision"])
@@ -105,7 +105,7 @@ async def test_list_tasks_shows_the_workspace_tasks_with_their_external_ids(
     settings, services, workspace, member
 ):
     _, secret = member
-    async with mcp_stdio(settings, secret) as client:
+    async with mcp_in_process(settings, secret) as client:
         _, held = await call(client, CREATE, title="One", external_id="L-1", start_agent=False)
         _, plain = await call(client, CREATE, title="Two", start_agent=False)
         deadline = time.monotonic() + 15

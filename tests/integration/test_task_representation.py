@@ -2,7 +2,8 @@
 through TaskSchema by the route) and the MCP tools' task output have the same
 fields and values, for a task holding an external ID and one holding none, and
 the MCP tools publish TaskSchema as their output schema (the SDK client checks
-every successful answer against it). A real MCP server process; both backends."""
+every successful answer against it). The server `kandev-es mcp` runs, connected
+in-process (its stdio process: test_mcp_create, test_mcp_authorization); both backends."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 from kandev_es.creation.outcomes import CreateTaskResponseSchema
 from kandev_es.views import TaskSchema
 from tests.conftest import bearer
-from tests.support.mcp_client import call, mcp_stdio
+from tests.support.mcp_client import call, mcp_in_process
 
 pytestmark = pytest.mark.anyio
 CREATE = "create_task_kandev"
@@ -23,7 +24,7 @@ CREATE = "create_task_kandev"
 
 async def test_rest_and_mcp_return_the_same_task_body(settings, services, client, member):
     _, secret = member
-    async with mcp_stdio(settings, secret) as mcp:
+    async with mcp_in_process(settings, secret) as mcp:
         _, held = await call(mcp, CREATE, title="Held", external_id="R-1", start_agent=False)
         _, plain = await call(mcp, CREATE, title="Plain", start_agent=False)
         _, mcp_held = await call(mcp, "get_task", task_id=held["id"])
@@ -70,7 +71,7 @@ async def test_the_mcp_task_tools_publish_the_task_schema_as_their_output(
     settings, services, member
 ):
     _, secret = member
-    async with mcp_stdio(settings, secret) as mcp:
+    async with mcp_in_process(settings, secret) as mcp:
         listed = {tool.name: tool for tool in (await mcp.list_tools()).tools}
     declared = TaskSchema().fields
     required = {name for name, field in declared.items() if field.required}

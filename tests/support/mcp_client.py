@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -42,6 +43,40 @@ async def mcp_stdio(settings: Settings, token: str | None) -> AsyncIterator[Clie
     with log_path.open("a", encoding="utf-8") as errlog:
         async with Client(stdio_client(params, errlog=errlog), read_timeout_seconds=60) as client:
             yield client
+
+
+@asynccontextmanager
+async def mcp_in_process(settings: Settings, token: str | None) -> AsyncIterator[Client]:
+    """The server `kandev-es mcp` runs over stdio (build_server on services of
+    its own, acting with ``token``, its projection loop in a thread, demo agents
+    of 1 s), connected by the SDK's in-memory transport: every tool and its
+    JSON-RPC answers as the process gives them, without a process start per
+    test (~2 s of CPU importing the SDK and the store). What only the process
+    does (KANDEV_TOKEN read from its environment, stdio framing, its own store
+    setup) is `mcp_stdio`'s."""
+    from kandev_es.agent.census import running_launches
+    from kandev_es.agent.processes import stop_run
+    from kandev_es.bootstrap import bootstrap
+    from kandev_es.config import data_path
+    from kandev_es.mcp.server import build_server
+
+    services = bootstrap(settings.with_overrides(projection_poll_seconds=0.05))
+    agent_seconds = os.environ.get("KANDEV_DEMO_AGENT_SECONDS")
+    os.environ["KANDEV_DEMO_AGENT_SECONDS"] = "1"  # what server_env gives the process
+    try:
+        services.projections.start_thread(services.settings.projection_poll_seconds)
+        server = build_server(services, lambda ctx: token)
+        async with Client(server, read_timeout_seconds=60) as client:
+            yield client
+    finally:
+        # Its agents end with it, as they would with the process: none outlives the test.
+        for launch in running_launches(data_path(services.settings, "agents")):
+            stop_run(launch.run_id)
+        if agent_seconds is None:
+            os.environ.pop("KANDEV_DEMO_AGENT_SECONDS", None)
+        else:
+            os.environ["KANDEV_DEMO_AGENT_SECONDS"] = agent_seconds
+        services.close()
 
 
 async def call(client: Client, tool: str, **arguments: Any) -> tuple[bool, dict[str, Any]]:
