@@ -87,7 +87,7 @@ class Services:
 
     def forgetting(self) -> ForgetService:
         """Forgetting tasks (erasure/; docs/auditing.md: Erasure)."""
-        return ForgetService(self.app, self.database)
+        return ForgetService(self.app, self.database, lambda: self.ledger.signer)
 
     def runtime(self, owner_id: str | None = None) -> Runtime:
         """A recovery Runtime over these parts (``kandev-es runtime``, the app's thread)."""

@@ -110,7 +110,9 @@ def test_a_cleartext_task_is_forgotten_under_a_statement_and_every_proof_holds(
         for n in events
         if n.originator_id == task and n.topic.endswith("Task.Forgotten")
     )
-    streams = {e["stream"] for e in statement["redactions"]}
+    verifiers = [entry.verifier for entry in keyring(plain).entries]
+    entries = chains.redactions_in(json.dumps(statement).encode(), 0, verifiers)
+    streams = {str(e.stream) for e in entries}  # a note the log's key signed
     operation = release_operation_id(done.workspace.id, "rel-1")
     assert streams == {str(task), str(identity_id(done.workspace.id, "OLD-1")), str(operation)}
     assert MARKER not in json.dumps(statement)
@@ -229,7 +231,7 @@ def test_tampering_with_a_redacted_event_or_its_statement_is_caught(plain, tmp_p
         (task, 1, "topic"): lambda old: old.replace("CreatedActive", "Created"),
         # the statement edited: its redacted hash no longer the one logged
         (task, forgotten_at, "state"): lambda old: bytes(old).replace(
-            b'"redacted":"', b'"redacted":"A'
+            b"redaction-statement/v1", b"redaction-statement/v2"
         ),
     }
     for (stream, version, column), change in cases.items():
@@ -247,3 +249,43 @@ def test_tampering_with_a_redacted_event_or_its_statement_is_caught(plain, tmp_p
         finally:
             set_column(plain, stream, version, column, lambda _, old=old: old)
     assert verify_ledger(plain.app, plain.database, keyring(plain), held).ok
+
+
+def test_a_statement_not_signed_by_the_logs_key_redacts_nothing(plain, tmp_path):
+    """What a database writer without the key could log: a Forgotten event
+    whose statement another key signed. The events it names are not taken
+    as redacted: they changed since they were logged."""
+    from kandev_es_client.signed_note import generate_signer
+
+    from kandev_es.domain.principal import LOCAL_CLI
+    from kandev_es.erasure.service import ForgetService
+    from kandev_es.errors import LedgerRefused
+
+    workspace = plain.workspaces.open("acme")
+    member = plain.tokens.issue(workspace_id=workspace.id, admin=False)[::-1]
+    client = create_app(services=plain, run_projections=False).test_client()
+    task = uuid.UUID(create(client, member[1], external_id="OLD-9", title=MARKER).json["id"])
+    logged(plain, workspace, member)
+
+    def no_key():
+        raise LedgerRefused("the checkpoint signing key is missing")
+
+    before = [bytes(n.state) for n in all_events(plain)]
+    with pytest.raises(LedgerRefused):  # 503: the statement cannot be signed, nothing written
+        ForgetService(plain.app, plain.database, no_key).forget(
+            LOCAL_CLI, task, "art. 17", "erase-9"
+        )
+    assert [bytes(n.state) for n in all_events(plain)] == before
+    forged = generate_signer(keyring(plain).entries[0].verifier.name)  # same origin, other key
+    ForgetService(plain.app, plain.database, lambda: forged).forget(
+        LOCAL_CLI, task, "art. 17", "erase-9"
+    )
+    logged(plain, workspace, member)
+    report = verify_ledger(plain.app, plain.database, keyring(plain))
+    lines = describe(report)
+    assert not report.ok
+    assert any("a redaction statement does not verify" in line for line in lines), lines
+    assert any(f"stream {task} version 1: changed since it was logged" in line for line in lines)
+    assert any(line.startswith(f"  task {task}: forgotten, INCONSISTENT") for line in lines)
+    bundle = ledger.task_proof_bundle(plain.app, plain.database, task)
+    assert not chains.verify_bundle(bundle, keyring(plain)).ok

@@ -404,7 +404,8 @@ class TaskForget(MethodView):
         key: the first forget's answer (`Idempotent-Replayed: true`). A task created
         before free text was sealed has its cleartext events rewritten under a
         redaction statement its `Forgotten` events record (docs/auditing.md); one
-        whose events the ledger has not logged yet: 409 `conflict`, retry.
+        whose events the ledger has not logged yet: 409 `conflict`, retry; the
+        statement is signed by the ledger's key (unreadable: 503).
         """
         wanted = path_uuid(task_id, "task id")
         body = json_object()

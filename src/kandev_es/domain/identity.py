@@ -280,7 +280,7 @@ class Identity(DirectEvents, Aggregate):
 
     def forget_task(
         self, task_id: uuid.UUID, operation_id: str, request_id: str | None = None,
-        redactions: list[dict[str, Any]] | None = None,
+        redactions: str | None = None,
     ) -> None:  # fmt: skip
         """Record that ``task_id`` was forgotten, on each tenure it held; the
         first record carries the redaction statement of this stream's events
@@ -521,7 +521,7 @@ class Identity(DirectEvents, Aggregate):
         task_id: uuid.UUID
         operation_id: str
         request_id: str | None = None
-        redactions: list[dict[str, Any]] | None = None  # as Task.Forgotten's
+        redactions: str | None = None  # the same statement as Task.Forgotten's
 
         def apply(self, aggregate: Identity) -> None:
             tenure = aggregate.tenures[self.tenure]

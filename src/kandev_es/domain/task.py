@@ -137,7 +137,7 @@ class Task(DirectEvents, Aggregate):
 
     def forget(
         self, operation_id: str, reason: str, actor: str, request_id: str | None = None,
-        redactions: list[dict[str, Any]] | None = None,
+        redactions: str | None = None,
     ) -> None:  # fmt: skip
         """Forget the task's free text (any task: a deleted one's events hold
         it too). ``reason`` is the operator's, never the erased values;
@@ -201,10 +201,11 @@ class Task(DirectEvents, Aggregate):
         reason: str
         actor: str
         request_id: str | None = None
-        # The redaction statement (erasure/redaction.py): for each event written
-        # before the upgrade that was rewritten, its stream, version, logged
-        # chain hash and the hash of its new bytes. None: nothing rewritten.
-        redactions: list[dict[str, Any]] | None = None
+        # The redaction statement (erasure/redaction.py), a note the log's key
+        # signed: for each event written before the upgrade that was rewritten,
+        # its stream, version, logged chain hash and the hash of its new bytes.
+        # None: nothing rewritten.
+        redactions: str | None = None
 
         def apply(self, aggregate: Task) -> None:
             for name in FORGETTABLE_FIELDS:

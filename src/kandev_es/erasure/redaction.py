@@ -9,9 +9,11 @@ whose key is gone reads as), and records a **redaction statement** in the
 ``Forgotten`` events, which are logged and so covered by every later
 checkpoint: for each rewritten event its stream, version, the chain hash it
 was logged with, and ``redacted_hash`` of its new bytes (never an erased
-value). The chains and the log go on standing for the original hashes, so
-every earlier checkpoint and proof verifies unchanged; the verifiers check
-each rewritten event against the statement (kandev_es_client.ledger.link).
+value), as a note signed by the log's key (kandev_es_client.ledger.
+statement_text), so that nobody without the key can make one. The chains
+and the log go on standing for the original hashes, so every earlier
+checkpoint and proof verifies unchanged; the verifiers check each rewritten
+event against the statement (kandev_es_client.ledger.link).
 
 The statement is saved first (with the task's ``Forgotten`` events), the
 rewrite follows in a transaction of its own, compare-and-set on the old
@@ -20,7 +22,6 @@ second forget (a replay) finishes it."""
 
 from __future__ import annotations
 
-import base64
 import json
 import uuid
 from collections.abc import Iterable, Sequence
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kandev_es_client import ledger as chains
+from kandev_es_client.signed_note import Signer, sign_note
 
 from kandev_es.domain.identity import Identity
 from kandev_es.domain.release import release_operation_id
@@ -118,7 +120,7 @@ def rewrites(task_id: uuid.UUID, stored: Iterable[Any]) -> list[Rewrite]:
     return found
 
 
-def statement(database: Database, found: Sequence[Rewrite]) -> list[dict[str, Any]]:
+def statement(database: Database, found: Sequence[Rewrite]) -> list[chains.Redaction]:
     """The redaction statement's entries: each event's logged chain hash and
     ``redacted_hash`` of its new bytes from the logged previous hash. Every
     event must be in the log already (its leaf is what the statement keeps
@@ -144,11 +146,13 @@ def statement(database: Database, found: Sequence[Rewrite]) -> list[dict[str, An
         new = chains.redacted_hash(
             rewrite.stream, rewrite.version, previous, rewrite.topic, rewrite.new
         )
-        entries.append({
-            "stream": str(rewrite.stream), "version": rewrite.version,
-            "original": _b64(own[1]), "redacted": _b64(new),
-        })  # fmt: skip
+        entries.append(chains.Redaction(rewrite.stream, rewrite.version, own[1], new, 0))
     return entries
+
+
+def signed(signer: Signer, task_id: uuid.UUID, entries: Sequence[chains.Redaction]) -> str:
+    """The statement as a note signed by the log's key (its name: the origin)."""
+    return sign_note(chains.statement_text(signer.name, task_id, entries), signer)
 
 
 def apply(database: Database, table: str, found: Sequence[Rewrite]) -> int:
@@ -165,7 +169,3 @@ def apply(database: Database, table: str, found: Sequence[Rewrite]) -> int:
             )
             changed += len(list(done))
     return changed
-
-
-def _b64(value: bytes) -> str:
-    return base64.b64encode(value).decode()

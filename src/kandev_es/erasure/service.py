@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from kandev_es_client.signed_note import Signer
 
 from kandev_es.application import Tasks, VersionConflict
 from kandev_es.domain.attachment import Attachment, attachment_id_for
@@ -55,9 +58,14 @@ def validate_reason(raw: object) -> str:
 
 
 class ForgetService:
-    def __init__(self, app: Tasks, database: Database) -> None:
+    def __init__(
+        self, app: Tasks, database: Database, signer: Callable[[], Signer]
+    ) -> None:
+        """``signer``: the log's key (the sequencer's), which signs the
+        redaction statement of a task written before the upgrade."""
         self._app = app
         self._database = database
+        self._signer = signer
 
     def forget(
         self, principal: Principal | None, task_id: uuid.UUID, raw_reason: object,
@@ -74,12 +82,13 @@ class ForgetService:
                 self._rewrite(found)  # what a first forget left undone (it stopped)
                 return ForgetResult(answer(task, None), replayed=True)
             entries = redaction.statement(self._database, found)
+            note = redaction.signed(self._signer(), task_id, entries) if entries else None
             assert principal is not None  # _authorized refused everyone else
             request_id = current_request_id()
-            task.forget(operation_id, reason, principal.actor, request_id, entries or None)
+            task.forget(operation_id, reason, principal.actor, request_id, note)
             if identity is not None:
-                own = [e for e in entries if e["stream"] == str(identity.id)]
-                identity.forget_task(task_id, operation_id, request_id, own or None)
+                own = any(e.stream == identity.id for e in entries)
+                identity.forget_task(task_id, operation_id, request_id, note if own else None)
             attachments = self._attachments(task)
             keys = [task_id, *(attachment.id for attachment in attachments)]
             views: dict[str, list[tuple[Any, ...]]] = {

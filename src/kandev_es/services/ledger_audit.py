@@ -143,15 +143,17 @@ def _check_stream_ids(events: list[_Event], stored: dict[int, Any], backend: str
 Redactions = dict[tuple[uuid.UUID, int], chains.Redaction]
 
 
-def _redactions(events: list[_Event], report: LedgerReport) -> Redactions:
+def _redactions(events: list[_Event], report: LedgerReport, keyring: Keyring) -> Redactions:
     """The redaction statements of the ``Forgotten`` events, by the event
-    each entry names (its ``statement``: the Forgotten event's position)."""
+    each entry names (its ``statement``: the Forgotten event's position);
+    one not signed by a key of the keyring is a problem, and names nothing."""
+    verifiers = [entry.verifier for entry in keyring.entries]
     found: Redactions = {}
     for event in events:
         if chains.event_name(event.topic) != "Forgotten":
             continue
         try:
-            entries = chains.redactions_in(event.state, event.position)
+            entries = chains.redactions_in(event.state, event.position, verifiers)
         except merkle.ProofError as error:
             report.problems.append(Problem(str(event.stream), event.version, str(error)))
             continue
@@ -377,7 +379,7 @@ def verify_ledger(
         return report
     events, leaves = _events(app), _leaves(database, report)
     report.events, report.leaves = len(events), len(leaves)
-    redactions = _redactions(events, report)
+    redactions = _redactions(events, report, keyring)
     computed = _chains(events, report, redactions)
     by_position = {e.position: e for e in events}
     logged = {(s, v): h for _, _, s, v, h in leaves}

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from eventsourcing.utils import get_topic
+from kandev_es_client import ledger as chains
+from kandev_es_client.merkle import ProofError
 
 from kandev_es.domain.task import Task
 from kandev_es.storage.sealing import SEALED, sealed_task
@@ -70,6 +72,17 @@ class ForgottenTask:
         ]
 
 
+def _redacted(note: object) -> tuple[tuple[str, int], ...]:
+    """The (stream, version) a Forgotten event's redaction statement names
+    (its signature is the audit's check: services/ledger_audit.py)."""
+    if not isinstance(note, str):
+        return ()
+    try:
+        return tuple((str(e.stream), e.version) for e in chains.statement_entries(note, 0))
+    except ProofError:
+        return ()
+
+
 def forgotten_tasks(
     events: Sequence[_Stored],
     problems: Iterable[tuple[str | None, int | None]],
@@ -96,11 +109,7 @@ def forgotten_tasks(
     found = []
     for task, record in records.items():
         own = tuple(sealed[task])
-        redacted = tuple(
-            (str(entry.get("stream")), int(entry.get("version") or 0))
-            for entry in record.get("redactions") or []
-            if isinstance(entry, dict)
-        )
+        redacted = _redacted(record.get("redactions"))
         mine = {str(task), *(stream for stream, _ in own), *(stream for stream, _ in redacted)}
         consistent = not anywhere and not mine & failed
         found.append(

@@ -35,10 +35,18 @@ from kandev_es_client.merkle import (
     verify_consistency,
     verify_inclusion,
 )
-from kandev_es_client.signed_note import Checkpoint, Keyring, NoteError
+from kandev_es_client.signed_note import (
+    Checkpoint,
+    Keyring,
+    NoteError,
+    Verifier,
+    open_note,
+    split_note,
+)
 
 CHAIN_TAG = b"kandev-es/event-chain/v1\x00"
 REDACTED_TAG = b"kandev-es/redacted-event/v1\x00"
+STATEMENT_FORMAT = "kandev-es/redaction-statement/v1"
 GENESIS = bytes(32)
 BUNDLE_FORMAT = "kandev-es/proof-bundle/v1"
 CONSISTENCY_FORMAT = "kandev-es/consistency-proof/v1"
@@ -100,26 +108,62 @@ class Redaction:
     statement: int
 
 
-def redactions_in(state: bytes, statement: int) -> list[Redaction]:
+def statement_text(origin: str, task_id: uuid.UUID, entries: Sequence[Redaction]) -> str:
+    """A redaction statement's text, which the log's key signs as a signed
+    note: the format, the log's origin, the task, then one line per event
+    rewritten: stream, version, original and redacted hash (base64)."""
+    lines = [STATEMENT_FORMAT, origin, f"task {task_id}"]
+    lines.extend(f"{e.stream} {e.version} {_b64(e.original)} {_b64(e.redacted)}" for e in entries)
+    return "\n".join(lines) + "\n"
+
+
+def _b64(value: bytes) -> str:
+    return base64.b64encode(value).decode()
+
+
+def statement_entries(note: str, statement: int) -> list[Redaction]:
+    """The entries of a redaction statement's signed note, signature NOT
+    checked (``redactions_in`` checks it). Raises ProofError when it is not
+    one."""
+    try:
+        text, _ = split_note(note)
+        lines = text.split("\n")[:-1]
+        if len(lines) < 3 or lines[0] != STATEMENT_FORMAT:
+            raise ValueError(f"not a {STATEMENT_FORMAT} note")
+        found = []
+        for line in lines[3:]:
+            stream, version, original, redacted = line.split(" ")
+            found.append(Redaction(
+                uuid.UUID(stream), integer(int(version), "a redacted event's version", 1),
+                decode_hash(original, "a redaction's original hash"),
+                decode_hash(redacted, "a redaction's redacted hash"), statement,
+            ))  # fmt: skip
+        return found
+    except (ValueError, NoteError) as error:
+        raise ProofError(f"a redaction statement is malformed: {error}") from None
+
+
+def redactions_in(state: bytes, statement: int, verifiers: Sequence[Verifier]) -> list[Redaction]:
     """The entries of the redaction statement a ``Forgotten`` event's state
-    holds (member ``redactions``), none when it holds none. Raises
-    ProofError for a statement that is not well formed."""
+    holds (member ``redactions``: a note signed by a key of the log's
+    keyring), none when it holds none. Raises ProofError for a statement that
+    is not well formed or not signed by a key of ``verifiers``: a database
+    writer without the log's key cannot make one."""
     if b'"redactions"' not in state:
         return []
     try:
-        entries = json.loads(state).get("redactions") or []
-        return [
-            Redaction(
-                uuid.UUID(str(entry["stream"])),
-                integer(entry["version"], "a redacted event's version", 1),
-                decode_hash(entry["original"], "a redaction's original hash"),
-                decode_hash(entry["redacted"], "a redaction's redacted hash"),
-                statement,
-            )
-            for entry in entries
-        ]
-    except (ValueError, KeyError, TypeError, AttributeError) as error:
-        raise ProofError(f"a redaction statement is malformed: {error}") from None
+        note = json.loads(state).get("redactions")
+    except (ValueError, AttributeError):
+        raise ProofError("a Forgotten event's state is not a JSON object") from None
+    if note is None:
+        return []
+    if not isinstance(note, str):
+        raise ProofError("a redaction statement is not a signed note")
+    try:
+        open_note(note, verifiers)
+    except NoteError as error:
+        raise ProofError(f"a redaction statement does not verify ({error})") from None
+    return statement_entries(note, statement)
 
 
 def link(
@@ -266,7 +310,9 @@ def _check_event(
     return EventFinding(version, name, "verified", None, by), claimed
 
 
-def _statements(stream_id: uuid.UUID, items: Sequence[Any]) -> dict[int, Redaction]:
+def _statements(
+    stream_id: uuid.UUID, items: Sequence[Any], verifiers: Sequence[Verifier]
+) -> dict[int, Redaction]:
     """The redaction statements the stream's own ``Forgotten`` events make
     about its earlier events, by the version they redact (a statement counts
     only when it is itself verified: ``_check_redacted``)."""
@@ -279,7 +325,7 @@ def _statements(stream_id: uuid.UUID, items: Sequence[Any]) -> dict[int, Redacti
             state = base64.b64decode(str(item.get("state")), validate=True)
         except binascii.Error:
             raise ProofError(f"v{statement}'s state is not base64") from None
-        for entry in redactions_in(state, statement):
+        for entry in redactions_in(state, statement, verifiers):
             if entry.stream != stream_id or entry.version >= statement:
                 continue
             kept = found.setdefault(entry.version, entry)
@@ -419,7 +465,7 @@ def verify_bundle(
     try:
         if not isinstance(items, list):
             raise ProofError("the bundle's events are not a list")
-        redactions = _statements(stream_id, items)
+        redactions = _statements(stream_id, items, [e.verifier for e in keyring.entries])
         for expected, item in enumerate(items, start=1):
             finding, previous = _check_event(
                 stream_id, previous, expected, item, checkpoint, redactions
