@@ -71,7 +71,7 @@ log = logging.getLogger("kandev_es.feeds")
 
 PAGE = 500  # feed rows a read returns at most
 COALESCE_SECONDS = 0.01  # between passes, after one that found nothing
-BUSY_COALESCE_SECONDS = 0.05  # after one that handed events out: saves keep coming
+BUSY_COALESCE_SECONDS = 0.2  # after one that handed events out: saves keep coming
 WATCH_SECONDS = 0.005
 WATCH_IDLE_SECONDS = 0.05
 STALL_SECONDS = 0.25  # the reader's settled position held back: read to the writers' head
