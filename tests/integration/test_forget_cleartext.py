@@ -1,13 +1,15 @@
 """Issue 47, point 5, on both backends: a task whose events were written in
 cleartext (format 0, before the upgrade; here KANDEV_SEAL_FREE_TEXT=false
-writes them) is forgotten by rewriting those events with their free text null
-under a redaction statement its Forgotten events record (docs/auditing.md:
-Erasure). Forgotten between two checkpoints, every checkpoint and proof
-issued before verifies unchanged with the public keyring alone; bundles and
-`audit verify --ledger` after it report the rewritten events "redacted by
-statement N, consistent"; tampering with what remains of them, with the
-statement, or with their topic is caught; the protocol goes on; and the
-marker is nowhere in the store after the documented VACUUM."""
+writes them), with an upload whose file name is in cleartext, is forgotten
+by rewriting those events with their free text null under a redaction
+statement its Forgotten events record, signed by the log's key
+(docs/auditing.md: Erasure). Forgotten between two checkpoints, every
+checkpoint and proof issued before verifies unchanged with the public
+keyring alone; bundles and `audit verify --ledger` after it report the
+rewritten events "redacted by statement N, consistent"; tampering with what
+remains of them, with the statement, or with their topic is caught, and so
+is a statement another key signed; the protocol goes on; and the marker is
+nowhere in the store after the documented VACUUM."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from kandev_es_client.verify import main as offline
 
 from kandev_es.api import create_app
 from kandev_es.bootstrap import bootstrap
+from kandev_es.domain.attachment import attachment_id_for
 from kandev_es.domain.external_id import identity_id
 from kandev_es.domain.release import release_operation_id
 from kandev_es.services import ledger
@@ -29,6 +32,7 @@ from kandev_es.storage.ledger import stream_key
 from tests.conftest import bearer
 from tests.integration.helpers import create
 from tests.integration.test_forget import MARKER, forget
+from tests.integration.test_forget_attachments import upload
 from tests.integration.test_ledger import keyring, logged
 from tests.integration.test_release import release
 
@@ -62,8 +66,11 @@ def forget_cleartext_between_checkpoints(plain, tmp_path) -> Forgotten:
     operator = plain.tokens.issue(workspace_id=workspace.id, admin=False, role="operator")[::-1]
     client = create_app(services=plain, run_projections=False).test_client()
     made = {}
+    uploaded = upload(client, workspace, member[1], b"a scan")  # named with the marker
     for name in ("OLD-1", "OLD-2"):
         body = {"external_id": name, "title": f"{MARKER} {name}", "description": MARKER}
+        if name == "OLD-1":
+            body["attachments"] = [uploaded["id"]]
         made[name] = create(client, member[1], **body).json
         edited = client.patch(
             f"/api/v1/tasks/{made[name]['id']}",
@@ -87,6 +94,7 @@ def forget_cleartext_between_checkpoints(plain, tmp_path) -> Forgotten:
         assert forgot.status_code == 200, forgot.json
     second = logged(plain, workspace, member)
     (tmp_path / "second.txt").write_text(second)
+    made["OLD-1"]["upload"] = attachment_id_for(workspace.id, uploaded["sha256"])
     return Forgotten(plain, workspace, member, made["OLD-1"], made["OLD-2"], first, second, before)
 
 
@@ -114,7 +122,9 @@ def test_a_cleartext_task_is_forgotten_under_a_statement_and_every_proof_holds(
     entries = chains.redactions_in(json.dumps(statement).encode(), 0, verifiers)
     streams = {str(e.stream) for e in entries}  # a note the log's key signed
     operation = release_operation_id(done.workspace.id, "rel-1")
-    assert streams == {str(task), str(identity_id(done.workspace.id, "OLD-1")), str(operation)}
+    identity = identity_id(done.workspace.id, "OLD-1")
+    upload_stream = done.released["upload"]
+    assert streams == {str(task), str(identity), str(operation), str(upload_stream)}
     assert MARKER not in json.dumps(statement)
 
     # What was issued before verifies unchanged, with the keyring alone.
@@ -228,7 +238,7 @@ def test_tampering_with_a_redacted_event_or_its_statement_is_caught(plain, tmp_p
         # what remains of the rewritten Created: its workflow step changed
         (task, 1, "state"): lambda old: bytes(old).replace(b'"backlog"', b'"done"'),
         # the redacted bytes passed off under another topic
-        (task, 1, "topic"): lambda old: old.replace("CreatedActive", "Created"),
+        (task, 1, "topic"): lambda old: old.replace("Task.Created", "Task.Updated"),
         # the statement edited: its redacted hash no longer the one logged
         (task, forgotten_at, "state"): lambda old: bytes(old).replace(
             b"redaction-statement/v1", b"redaction-statement/v2"

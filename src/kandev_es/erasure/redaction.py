@@ -2,7 +2,8 @@
 
 A task created before free text was sealed (event format 0) holds its title
 and description in cleartext events -- its own ``Created``/``Updated``, its
-identity's ``Claimed``, a release's stored answer -- whose bytes the chains,
+identity's ``Claimed``, a release's stored answer, and the file names of the
+uploads it claimed (``Attachment.Uploaded``) -- whose bytes the chains,
 the Merkle log and every checkpoint committed to. Forgetting it rewrites
 each such event's stored state with those members null (what a sealed event
 whose key is gone reads as), and records a **redaction statement** in the
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Sequence, Set
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,16 +55,17 @@ class Rewrite:
 
 
 def redacted_state(
-    topic: str, state: bytes, task_id: uuid.UUID, originator: uuid.UUID
+    topic: str, state: bytes, owners: Set[uuid.UUID], originator: uuid.UUID
 ) -> bytes | None:
-    """``state`` with the free-text members of ``task_id`` null (the paths
-    storage/sealing.py seals), or None when it holds none in cleartext (a
-    sealed event, another task's, or one whose text is already null)."""
+    """``state`` with the free-text members of ``owners`` (a task, the uploads
+    it claimed) null (the paths storage/sealing.py seals), or None when it
+    holds none in cleartext (a sealed event, another task's, or one whose
+    text is already null)."""
     spec = SEALED_FIELDS.get(topic)
     if spec is None or f'"{SEALED}"'.encode() in state:
         return None
     document = json.loads(state)
-    if _at(document, spec[1], originator) != task_id:
+    if _at(document, spec[1], originator) not in owners:
         return None
     changed = False
     for path in spec[0]:
@@ -108,13 +110,13 @@ def streams_of(task_id: uuid.UUID, identity: Identity | None) -> list[uuid.UUID]
     return streams
 
 
-def rewrites(task_id: uuid.UUID, stored: Iterable[Any]) -> list[Rewrite]:
+def rewrites(owners: Set[uuid.UUID], stored: Iterable[Any]) -> list[Rewrite]:
     """The cleartext events among ``stored`` (the library's stored events)
-    holding the task's free text, each with its redacted bytes."""
+    holding the free text of ``owners``, each with its redacted bytes."""
     found = []
     for event in stored:
         stream = uuid.UUID(str(event.originator_id))
-        new = redacted_state(event.topic, event.state, task_id, stream)
+        new = redacted_state(event.topic, event.state, owners, stream)
         if new is not None:
             found.append(Rewrite(stream, event.originator_version, event.topic, event.state, new))
     return found

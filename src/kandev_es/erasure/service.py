@@ -77,7 +77,7 @@ class ForgetService:
         for _ in range(ATTEMPTS):
             task = self._authorized(principal, task_id)
             identity = self._app.load(task.identity_id, Identity)
-            found = self._cleartext(task_id, identity)
+            found = self._cleartext(task, identity)
             if task.forgotten:
                 self._rewrite(found)  # what a first forget left undone (it stopped)
                 return ForgetResult(answer(task, None), replayed=True)
@@ -114,15 +114,26 @@ class ForgetService:
             raise OperatorRequired("forgetting a task needs an operator or admin token")
         return task
 
-    def _cleartext(self, task_id: uuid.UUID, identity: Identity | None) -> list[Rewrite]:
+    def _cleartext(self, task: Task, identity: Identity | None) -> list[Rewrite]:
         """The task's events written in cleartext (before the upgrade) that
-        still hold its free text, with what each becomes."""
+        still hold its free text -- and the uploads it claimed, their file
+        names -- with what each becomes."""
+        uploads = [attachment.id for attachment in self._claimed(task)]
         stored = [
             event
-            for stream in redaction.streams_of(task_id, identity)
+            for stream in [*redaction.streams_of(task.id, identity), *uploads]
             for event in self._app.recorder.select_events(stream)
         ]
-        return redaction.rewrites(task_id, stored)
+        return redaction.rewrites({task.id, *uploads}, stored)
+
+    def _claimed(self, task: Task) -> list[Attachment]:
+        """The uploads the task claimed."""
+        found = []
+        for sha in task.attachments or ():
+            attachment = self._app.load(attachment_id_for(task.workspace_id, sha), Attachment)
+            if attachment is not None and attachment.claimed_by == task.id:
+                found.append(attachment)
+        return found
 
     def _rewrite(self, found: list[Rewrite]) -> None:
         """Rewrite them, after the save that recorded their statement (only a
@@ -136,12 +147,9 @@ class ForgetService:
         """The uploads the task claimed, each with its ``Forgotten`` event
         pending: their file names are sealed under keys of their own
         (storage/sealing.py), deleted in the same save."""
-        found = []
-        for sha in task.attachments or ():
-            attachment = self._app.load(attachment_id_for(task.workspace_id, sha), Attachment)
-            if attachment is not None and attachment.claimed_by == task.id:
-                attachment.forget(task.id)
-                found.append(attachment)
+        found = self._claimed(task)
+        for attachment in found:
+            attachment.forget(task.id)
         return found
 
     def _feed_rewrites(self, task_id: uuid.UUID) -> list[tuple[int, str]]:
