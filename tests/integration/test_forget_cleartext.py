@@ -34,7 +34,7 @@ from tests.integration.helpers import create
 from tests.integration.test_forget import MARKER, forget
 from tests.integration.test_forget_attachments import upload
 from tests.integration.test_ledger import keyring, logged
-from tests.integration.test_release import release
+from tests.integration.test_release import lookup, release
 
 
 @pytest.fixture
@@ -50,6 +50,7 @@ class Forgotten:
     services: object
     workspace: object
     member: tuple
+    operator: tuple
     released: dict
     kept: dict
     first: str
@@ -95,7 +96,9 @@ def forget_cleartext_between_checkpoints(plain, tmp_path) -> Forgotten:
     second = logged(plain, workspace, member)
     (tmp_path / "second.txt").write_text(second)
     made["OLD-1"]["upload"] = attachment_id_for(workspace.id, uploaded["sha256"])
-    return Forgotten(plain, workspace, member, made["OLD-1"], made["OLD-2"], first, second, before)
+    return Forgotten(
+        plain, workspace, member, operator, made["OLD-1"], made["OLD-2"], first, second, before
+    )
 
 
 def all_events(services):
@@ -180,9 +183,15 @@ def protocol_goes_on(done: Forgotten) -> None:
     history = client.get(
         f"/api/v1/workspaces/{done.workspace.id}/identities/history",
         query_string={"external_id": "OLD-1"},
-        headers=bearer(secret),
+        headers=bearer(done.operator[1]),
     )
-    assert history.status_code in (200, 403) and MARKER not in history.get_data(as_text=True)
+    assert history.status_code == 200 and MARKER not in history.get_data(as_text=True)
+    found = lookup(client, done.workspace, secret, "OLD-2")
+    assert found.status_code == 200 and found.json["title"] is None, found.json
+    again = forget(client, done.operator[1], done.kept["id"], key="erase-again")
+    assert again.status_code == 200 and again.headers["Idempotent-Replayed"] == "true"
+    released = release(client, done.workspace, done.operator[1], "OLD-2", "rel-2")
+    assert released.status_code == 200 and released.json["title"] is None, released.json
     services.projections.catch_up()
     with services.database.transaction() as tx:
         live = sorted(map(str, tx.execute("SELECT task_id, revision, dto FROM tasks_view")))
@@ -299,3 +308,32 @@ def test_a_statement_not_signed_by_the_logs_key_redacts_nothing(plain, tmp_path)
     assert any(line.startswith(f"  task {task}: forgotten, INCONSISTENT") for line in lines)
     bundle = ledger.task_proof_bundle(plain.app, plain.database, task)
     assert not chains.verify_bundle(bundle, keyring(plain)).ok
+
+
+def test_a_forget_stopped_before_its_rewrite_is_named_and_finished_by_a_second(
+    plain, tmp_path, monkeypatch
+):
+    """The statement is saved first, the rewrite follows: a process that
+    stops between the two leaves events that still verify (their cleartext
+    hashes to their chain) and that the audit names; a second forget (any
+    key) rewrites them."""
+    from kandev_es.erasure import redaction
+
+    workspace = plain.workspaces.open("acme")
+    member = plain.tokens.issue(workspace_id=workspace.id, admin=False)[::-1]
+    operator = plain.tokens.issue(workspace_id=workspace.id, admin=False, role="operator")[::-1]
+    client = create_app(services=plain, run_projections=False).test_client()
+    task = create(client, member[1], external_id="OLD-5", title=MARKER).json["id"]
+    logged(plain, workspace, member)
+    with monkeypatch.context() as patched:
+        patched.setattr(redaction, "apply", lambda *args: 0)  # stopped before it
+        assert forget(client, operator[1], task, key="erase-5").status_code == 200
+    logged(plain, workspace, member)
+    report = verify_ledger(plain.app, plain.database, keyring(plain))
+    lines = describe(report)
+    assert not report.ok and MARKER.encode() in b"".join(bytes(n.state) for n in all_events(plain))
+    assert any(f"stream {task} version 1: forgotten, but it still holds" in line for line in lines)
+    again = forget(client, operator[1], task, key="erase-other")
+    assert again.status_code == 200 and again.headers["Idempotent-Replayed"] == "true"
+    assert all(MARKER.encode() not in bytes(n.state) for n in all_events(plain))
+    assert verify_ledger(plain.app, plain.database, keyring(plain)).ok
