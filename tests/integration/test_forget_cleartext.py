@@ -121,8 +121,7 @@ def test_a_cleartext_task_is_forgotten_under_a_statement_and_every_proof_holds(
         for n in events
         if n.originator_id == task and n.topic.endswith("Task.Forgotten")
     )
-    verifiers = [entry.verifier for entry in keyring(plain).entries]
-    entries = chains.redactions_in(json.dumps(statement).encode(), 0, verifiers)
+    entries = chains.redactions_in(json.dumps(statement).encode(), 0, keyring(plain), None)
     streams = {str(e.stream) for e in entries}  # a note the log's key signed
     operation = release_operation_id(done.workspace.id, "rel-1")
     identity = identity_id(done.workspace.id, "OLD-1")
@@ -279,6 +278,7 @@ def test_a_statement_not_signed_by_the_logs_key_redacts_nothing(plain, tmp_path)
     from kandev_es.domain.principal import LOCAL_CLI
     from kandev_es.erasure.service import ForgetService
     from kandev_es.errors import LedgerRefused
+    from kandev_es.services.ledger_keys import load_keyring
 
     workspace = plain.workspaces.open("acme")
     member = plain.tokens.issue(workspace_id=workspace.id, admin=False)[::-1]
@@ -308,6 +308,26 @@ def test_a_statement_not_signed_by_the_logs_key_redacts_nothing(plain, tmp_path)
     assert any(line.startswith(f"  task {task}: forgotten, INCONSISTENT") for line in lines)
     bundle = ledger.task_proof_bundle(plain.app, plain.database, task)
     assert not chains.verify_bundle(bundle, keyring(plain)).ok
+
+    # A retired key's holder: the key signs no statement for a place in the
+    # log after its window (as it signs no checkpoint there).
+    retired = ledger.load_signer(plain.settings)
+    ledger.rotate_key(plain.database, plain.settings)
+    later = uuid.UUID(create(client, member[1], external_id="OLD-10", title=MARKER).json["id"])
+    logged(plain, workspace, member)
+    ForgetService(plain.app, plain.database, lambda: retired).forget(
+        LOCAL_CLI, later, "art. 17", "erase-10"
+    )
+    logged(plain, workspace, member)
+    ring = load_keyring(plain.settings)
+    assert len(ring.entries) == 2
+    lines = describe(verify_ledger(plain.app, plain.database, ring))
+    assert any(
+        line.startswith(f"  stream {later} version ")
+        and "a redaction statement does not verify" in line
+        for line in lines
+    ), lines
+    assert any(line.startswith(f"  task {later}: forgotten, INCONSISTENT") for line in lines)
 
 
 def test_a_forget_stopped_before_its_rewrite_is_named_and_finished_by_a_second(

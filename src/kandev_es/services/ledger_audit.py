@@ -143,17 +143,21 @@ def _check_stream_ids(events: list[_Event], stored: dict[int, Any], backend: str
 Redactions = dict[tuple[uuid.UUID, int], chains.Redaction]
 
 
-def _redactions(events: list[_Event], report: LedgerReport, keyring: Keyring) -> Redactions:
+def _redactions(events: list[_Event], leaves: list[Leaf], report: LedgerReport,
+                keyring: Keyring) -> Redactions:
     """The redaction statements of the ``Forgotten`` events, by the event
     each entry names (its ``statement``: the Forgotten event's position);
-    one not signed by a key of the keyring is a problem, and names nothing."""
-    verifiers = [entry.verifier for entry in keyring.entries]
+    one not signed by a key of the keyring whose window covers its place in
+    the log is a problem, and names nothing."""
+    index = {n: i for i, n, _, _, _ in leaves}
     found: Redactions = {}
     for event in events:
         if chains.event_name(event.topic) != "Forgotten":
             continue
         try:
-            entries = chains.redactions_in(event.state, event.position, verifiers)
+            leaf = index.get(event.position)
+            size = None if leaf is None else leaf + 1
+            entries = chains.redactions_in(event.state, event.position, keyring, size)
         except merkle.ProofError as error:
             report.problems.append(Problem(str(event.stream), event.version, str(error)))
             continue
@@ -379,7 +383,7 @@ def verify_ledger(
         return report
     events, leaves = _events(app), _leaves(database, report)
     report.events, report.leaves = len(events), len(leaves)
-    redactions = _redactions(events, report, keyring)
+    redactions = _redactions(events, leaves, report, keyring)
     computed = _chains(events, report, redactions)
     by_position = {e.position: e for e in events}
     logged = {(s, v): h for _, _, s, v, h in leaves}

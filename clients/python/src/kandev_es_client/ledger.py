@@ -39,7 +39,6 @@ from kandev_es_client.signed_note import (
     Checkpoint,
     Keyring,
     NoteError,
-    Verifier,
     open_note,
     split_note,
 )
@@ -143,12 +142,16 @@ def statement_entries(note: str, statement: int) -> list[Redaction]:
         raise ProofError(f"a redaction statement is malformed: {error}") from None
 
 
-def redactions_in(state: bytes, statement: int, verifiers: Sequence[Verifier]) -> list[Redaction]:
+def redactions_in(
+    state: bytes, statement: int, keyring: Keyring, size: int | None
+) -> list[Redaction]:
     """The entries of the redaction statement a ``Forgotten`` event's state
-    holds (member ``redactions``: a note signed by a key of the log's
-    keyring), none when it holds none. Raises ProofError for a statement that
-    is not well formed or not signed by a key of ``verifiers``: a database
-    writer without the log's key cannot make one."""
+    holds (member ``redactions``: a note of the keyring's origin signed by a
+    key whose window covers ``size``, the tree size that first logged the
+    event; None: not logged yet, any key), none when it holds none. Raises
+    ProofError for a statement that is not well formed or not so signed: a
+    database writer without the log's key cannot make one, nor can a retired
+    key's holder make one for a later place in the log."""
     if b'"redactions"' not in state:
         return []
     try:
@@ -159,10 +162,14 @@ def redactions_in(state: bytes, statement: int, verifiers: Sequence[Verifier]) -
         return []
     if not isinstance(note, str):
         raise ProofError("a redaction statement is not a signed note")
+    valid = [e.verifier for e in keyring.entries if size is None or e.covers(size)]
     try:
-        open_note(note, verifiers)
+        text, _ = open_note(note, valid)
     except NoteError as error:
         raise ProofError(f"a redaction statement does not verify ({error})") from None
+    origin = keyring.expected_origin
+    if origin is not None and text.split("\n")[1:2] != [origin]:
+        raise ProofError(f"a redaction statement of another log than {origin!r}")
     return statement_entries(note, statement)
 
 
@@ -311,7 +318,7 @@ def _check_event(
 
 
 def _statements(
-    stream_id: uuid.UUID, items: Sequence[Any], verifiers: Sequence[Verifier]
+    stream_id: uuid.UUID, items: Sequence[Any], keyring: Keyring
 ) -> dict[int, Redaction]:
     """The redaction statements the stream's own ``Forgotten`` events make
     about its earlier events, by the version they redact (a statement counts
@@ -325,7 +332,9 @@ def _statements(
             state = base64.b64decode(str(item.get("state")), validate=True)
         except binascii.Error:
             raise ProofError(f"v{statement}'s state is not base64") from None
-        for entry in redactions_in(state, statement, verifiers):
+        index = item.get("leaf_index")
+        size = None if index is None else integer(index, f"v{statement}'s leaf index") + 1
+        for entry in redactions_in(state, statement, keyring, size):
             if entry.stream != stream_id or entry.version >= statement:
                 continue
             kept = found.setdefault(entry.version, entry)
@@ -465,7 +474,7 @@ def verify_bundle(
     try:
         if not isinstance(items, list):
             raise ProofError("the bundle's events are not a list")
-        redactions = _statements(stream_id, items, [e.verifier for e in keyring.entries])
+        redactions = _statements(stream_id, items, keyring)
         for expected, item in enumerate(items, start=1):
             finding, previous = _check_event(
                 stream_id, previous, expected, item, checkpoint, redactions
