@@ -441,3 +441,36 @@ def test_the_bulk_section_imports_every_item_and_judges_the_three_ratios():
     kandev = section["cost_per_item"]["kandev"]["components_us"]
     assert kandev["creation and event building"] > 0 and kandev["save statement (+NOTIFY)"] > 0
     assert kandev.get("ledger sequencer", 0) + kandev["background process"] > 0
+
+
+@pytest.mark.slow
+def test_the_erasure_section_runs_both_sides_at_once_and_judges_the_median_ratio():
+    """scripts/bench --erasure-only, two rounds: both servers run together, on
+    a database each, every client alternating between them, so each side gets
+    as many creates (within one per client); the sealed side really stored
+    format 1 and the cleartext side format 0; PostgreSQL's CPU is split by
+    database; the ratio is the median of the rounds'. No timing is asserted."""
+    report, stderr = bench(
+        "--erasure-only", "--rounds", "2", "--seconds", "0.5", "--workers", "1",
+        "--clients", "2",
+    )
+    created = report["erasure"]["created_over_http"]
+    rounds = created["rounds"]
+    assert [run["order"] for run in rounds] == [["sealed", "cleartext"], ["cleartext", "sealed"]]
+    assert "erasure round 2/2: cleartext, sealed" in stderr
+    assert created["stored_format"] == {"sealed": 1, "cleartext": 0}
+    for run in rounds:
+        assert run["failed"] == {} and isinstance(run["settle"]["settled"], bool)
+        sides = [run["sealed"], run["cleartext"]]
+        assert all(side["created"] > 0 for side in sides)
+        assert abs(sides[0]["created"] - sides[1]["created"]) <= created["clients"]
+        for side in sides:
+            assert side["cpu_ms_per_created"] > 0 and side["pg_cpu_ms_per_created"] > 0
+        total = [s["cpu_ms_per_created"] + s["pg_cpu_ms_per_created"] for s in sides]
+        assert run["cpu_ratio"] == pytest.approx(total[0] / total[1], abs=0.002)
+    assert created["cpu_ratio"] == pytest.approx(
+        statistics.median(run["cpu_ratio"] for run in rounds), abs=0.001
+    )
+    targets = report["targets"]
+    assert set(targets) == {"created_cpu_sealed_vs_cleartext", "forget_100_events_seconds"}
+    assert targets["created_cpu_sealed_vs_cleartext"]["measured"] == created["cpu_ratio"]
