@@ -27,6 +27,7 @@ from typing import Any
 
 from benchlib.common import WAIT_S, body, concurrent_count, load_average, ratio, say
 from benchlib.cpu import PostgresSide, cpu_delta, family_cpu
+from benchlib.fanout_apart import streams_apart
 from benchlib.server import Client, Gunicorn, db_init, environment
 from benchlib.statements import Statements, statement_deltas
 from kandev_es.bootstrap import Services
@@ -125,7 +126,7 @@ def one_count(env: dict[str, str], workers: int, clients: int, seconds: float, c
                 statements=statements and statements.reading()),
             stopped_hook=lambda: spent.update(
                 cpu=cpu_delta(spent["cpu"], family_cpu(server.process.pid)),
-                pg=None if spent["pg"] is None else cpu_delta(spent["pg"], postgres.cpu()),
+                pg=None if spent["pg"] is None else cpu_delta(spent["pg"], postgres.cpu() or {}),
                 statements_after=statements and statements.reading()),
         )
         delivered = consumers.delivered(made) if consumers else {}
@@ -147,8 +148,10 @@ def one_count(env: dict[str, str], workers: int, clients: int, seconds: float, c
 
 def fanout_cost(url: str, tmp: Path, services: Services, workers: int, clients: int,
                 seconds: float, rounds: int, admin_url: str, initialised: bool = False,
-                counts: tuple[int, ...] = CONSUMERS) -> dict[str, Any]:
-    """The 'fanout' section: ``rounds`` rounds over ``counts``, alternating order."""
+                counts: tuple[int, ...] = CONSUMERS, apart: bool = False) -> dict[str, Any]:
+    """The 'fanout' section: ``rounds`` rounds over ``counts``, alternating order;
+    with ``apart``, then the streams' cost to a streaming server of their own
+    (benchlib/fanout_apart.py) for each count but 0."""
     section: dict[str, Any] = {"load_before": load_average(), "workers": workers,
                                "clients": clients}
     workspace = services.workspaces.open("bench-fanout", "BFO")
@@ -171,6 +174,10 @@ def fanout_cost(url: str, tmp: Path, services: Services, workers: int, clients: 
                                         postgres, statements)
         runs.append(run)
     section.update(summary(runs, counts))
+    if apart:
+        say("fanout apart: a streaming server of its own")
+        section["apart"] = streams_apart(env, [c for c in counts if c], seconds, token,
+                                         workspace.id, tmp)
     section["load_after"] = load_average()
     return section
 
@@ -201,7 +208,7 @@ def summary(runs: list[dict[str, Any]], counts: tuple[int, ...]) -> dict[str, An
 
 
 def _median(runs: list[dict[str, Any]], key: str, field: str) -> float:
-    return round(statistics.median(r[key].get(field, 0.0) for r in runs), 1)
+    return round(float(statistics.median(r[key].get(field, 0.0) for r in runs)), 1)
 
 
 def fanout_targets(section: dict[str, Any]) -> dict[str, Any]:

@@ -88,6 +88,9 @@ def arguments() -> argparse.ArgumentParser:
                         " 10 and 50 SSE consumers of the feed (docs/benchmarks.md)")
     parser.add_argument("--fanout-consumers", type=counts, default=list(CONSUMERS),
                         help="consumer counts for 'fanout' (default 0,1,10,50; 0 first)")
+    parser.add_argument("--fanout-apart", action="store_true",
+                        help="'fanout' also measures what each count's streams cost a"
+                        " streaming server of their own, creates made on another at 60/s")
     parser.add_argument("--bulk-only", action="store_true",
                         help="measure only the 'bulk' section: a backlog imported by one client"
                         " through the batch route, vs single creates and the CRUD peer's"
@@ -163,7 +166,8 @@ def on_schema(report: dict[str, Any], args: argparse.Namespace, admin_url: str,
         if args.fanout_only:
             counts = tuple(dict.fromkeys([0, *args.fanout_consumers]))
             report["fanout"] = fanout_cost(url, tmp, services, args.workers, args.clients,
-                                           args.seconds, args.rounds, admin_url, counts=counts)
+                                           args.seconds, args.rounds, admin_url, counts=counts,
+                                           apart=args.fanout_apart)
             return
         if args.scaling or args.scaling_only:
             report["scaling"] = scaling(

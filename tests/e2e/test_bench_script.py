@@ -384,10 +384,12 @@ def test_fanout_section_counts_every_consumer_s_every_task_and_judges_the_ratios
     """scripts/bench --fanout-only, two alternating rounds of 0 and 3 consumers:
     every consumer got every task.created of the load once, the ratios are the
     medians of each round's ratio to no consumer, and the targets read them
-    (50 consumers not measured here: reported so). No timing is asserted."""
+    (50 consumers not measured here: reported so); with --fanout-apart, the 3
+    streams' cost to a streaming server of their own, each stream every task
+    once. No timing is asserted."""
     report, stderr = bench(
         "--fanout-only", "--fanout-consumers", "3", "--rounds", "2", "--seconds", "0.5",
-        "--workers", "1", "--clients", "4",
+        "--workers", "1", "--clients", "4", "--fanout-apart",
     )
     fanout = report["fanout"]
     rounds = fanout["rounds"]
@@ -401,6 +403,10 @@ def test_fanout_section_counts_every_consumer_s_every_task_and_judges_the_ratios
     assert three["ratio"] == pytest.approx(statistics.median(
         run["3"]["created_per_s"] / run["0"]["created_per_s"] for run in rounds), abs=0.002)
     assert "cpu_us_per_frame_per_consumer" in three and three["consumer_cpu_us_per_frame"] > 0
+    apart = fanout["apart"]["3"]
+    assert apart["created"] > 0 and apart["streaming_cpu_us_per_frame_per_stream"] > 0
+    assert (apart["missing"], apart["twice"], apart["ended"]) == (0, 0, {})
+    assert "0" not in fanout["apart"]
     targets = report["targets"]
     assert targets["every_consumer_every_task_once"]["met"] is True
     for count in (1, 10, 50):  # not measured by this run
