@@ -316,13 +316,6 @@ class ReleaseConflict(Conflict):
     code = "release_conflict"
 
 
-class TaskNotSealed(Conflict):
-    """Forgetting a task created before free text was sealed (event format 0):
-    its events hold the text in cleartext (docs/auditing.md: Erasure)."""
-
-    code = "task_not_sealed"
-
-
 class TaskForgotten(Conflict):
     """A forgotten task's title or description cannot be written again."""
 
