@@ -31,7 +31,10 @@ CREATED = re.compile(
     rb'\nevent: task\.created\ndata: \{"id": "[^"]*", "type": "task\.created",'
     rb' "subject": "([^"]+)"'
 )
-CLOSED = re.compile(rb"(?:^|\n): stream closed: ([^\n]*)")
+# After a newline only (what is parsed always starts with one: Stream.buffer):
+# an alternative with ^ kept the expression from searching for its literal
+# start, and tried it at every byte (4 of 5 us per frame).
+CLOSED = re.compile(rb"\n: stream closed: ([^\n]*)")
 CHUNK = 1 << 18
 
 
