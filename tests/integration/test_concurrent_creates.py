@@ -40,12 +40,22 @@ def _assert_exactly_one_winner(results: list[tuple[str, str, str]], services: An
     assert task_created_count(services) == 1
 
 
-def _storm(settings: Any, secret: str, body: dict[str, Any]) -> list[tuple[str, str, str]]:
-    context = multiprocessing.get_context("spawn")
+def _storm(
+    settings: Any, secret: str, body: dict[str, Any], environ: dict[str, str] | None = None
+) -> list[tuple[str, str, str]]:
+    """CONTENDERS processes, each with services of its own on ``settings``'
+    store, create ``body`` at once. They are forked by a fork server that has
+    imported the store's modules once (a spawned process imported them itself:
+    about 1 s of CPU each, 32 a storm, on 2 cores); each still opens its own
+    pool and connections after the fork. ``environ``: set in each process."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["tests.integration.concurrency_worker"])
     barrier = context.Barrier(CONTENDERS)
     out = context.Queue()
     processes = [
-        context.Process(target=create_once, args=(settings, secret, body, barrier, out))
+        context.Process(
+            target=create_once, args=(settings, secret, body, barrier, out, environ or {})
+        )
         for _ in range(CONTENDERS)
     ]
     for process in processes:
@@ -72,12 +82,11 @@ def test_32_processes_creating_one_external_id_make_one_task(settings, services,
 
 @pytest.mark.postgres_only
 def test_32_process_storm_with_start_agent_launches_exactly_one_agent(
-    settings, services, member, monkeypatch
+    settings, services, member
 ):
     _, secret = member
-    monkeypatch.setenv("KANDEV_DEMO_AGENT_SECONDS", "60")
     body = {"external_id": "STORM-AGENT", "title": "storm", "start_agent": True}
-    results = _storm(settings, secret, body)
+    results = _storm(settings, secret, body, {"KANDEV_DEMO_AGENT_SECONDS": "60"})
     task_id = results[0][1]
     run_id = str(session_id_for(uuid.UUID(task_id))) if results[0][0] != "error" else ""
     try:
