@@ -61,14 +61,23 @@ def erasure_cost(
     rounds: int,
     admin_url: str,
     initialised: bool = False,
+    a_a: bool = False,
 ) -> dict[str, Any]:
     """``url``/``initialised``: the bench's own store, where the forget timing
-    runs; the Created sides get a database each (dropped afterwards)."""
+    runs; the Created sides get a database each (dropped afterwards). ``a_a``
+    (--erasure-a-a): the same comparison again with both sides sealed, whose
+    ratio should be 1: the method's own spread and bias on this machine."""
     section: dict[str, Any] = {"load_before": load_average()}
     say(f"Created over HTTP sealed vs cleartext, side by side, {rounds} round(s)")
+    postgres = PostgresSide(admin_url)
     section["created_over_http"] = _created(
-        admin_url, tmp, workers, clients, seconds, rounds, PostgresSide(admin_url)
+        admin_url, tmp, workers, clients, seconds, rounds, postgres, SIDES
     )
+    if a_a:
+        say(f"the same with both sides sealed (A/A), {rounds} round(s)")
+        section["created_a_a"] = _created(
+            admin_url, tmp, workers, clients, seconds, rounds, postgres, dict.fromkeys(SIDES, "y")
+        )
     say(f"forgetting a task with {FORGET_EVENTS} events, {FORGET_TASKS} tasks")
     section["forget"] = forget_timing(services)
     section["load_after"] = load_average()
@@ -79,7 +88,7 @@ class Side:
     """One side's store: a database of its own, `kandev-es db init` run on it,
     a workspace and a member token, and the environment its servers run with."""
 
-    def __init__(self, admin_url: str, tmp: Path, name: str) -> None:
+    def __init__(self, admin_url: str, tmp: Path, name: str, seal: str) -> None:
         self.name = name
         self.database = f"bench_erasure_{name}_{uuid.uuid4().hex[:8]}"
         self.admin = postgres_target(admin_url).conninfo
@@ -87,8 +96,8 @@ class Side:
             conn.execute(f'CREATE DATABASE "{self.database}"')
         parts = urlsplit(admin_url)
         url = urlunsplit(parts._replace(path=f"/{self.database}"))
-        data = tmp / f"erasure-{name}-data"
-        self.env = environment(url, data, KANDEV_SEAL_FREE_TEXT=SIDES[name])
+        data = tmp / f"erasure-{name}-{self.database[-8:]}"
+        self.env = environment(url, data, KANDEV_SEAL_FREE_TEXT=seal)
         db_init(self.env)
         self.settings = Settings(data_dir=data, database_url=url)
         services = bootstrap(self.settings)
@@ -121,9 +130,10 @@ class Side:
 
 def _created(
     admin_url: str, tmp: Path, workers: int, clients: int, seconds: float, rounds: int,
-    postgres: PostgresSide,
+    postgres: PostgresSide, flags: dict[str, str],
 ) -> dict[str, Any]:  # fmt: skip
-    sides = [Side(admin_url, tmp, name) for name in SIDES]
+    """The rounds of one comparison; ``flags``: each side's KANDEV_SEAL_FREE_TEXT."""
+    sides = [Side(admin_url, tmp, name, flags[name]) for name in SIDES]
     try:
         runs = []
         for number in range(rounds):
@@ -161,7 +171,7 @@ def _round(
     try:
         for side in order:
             servers[side.name] = Gunicorn(
-                side.env, workers, tmp / f"erasure-{side.name}-{number}.log"
+                side.env, workers, tmp / f"{side.database}-{number}.log"
             )
         run["settle"] = settle(servers, postgres, order)
         counts: Counter[str] = Counter()

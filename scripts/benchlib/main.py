@@ -79,6 +79,9 @@ def arguments() -> argparse.ArgumentParser:
                         help="measure only the 'erasure' section: Created over HTTP with free"
                         " text sealed and in cleartext, and forgetting a task of 100 events"
                         " (docs/auditing.md: Erasure)")
+    parser.add_argument("--erasure-a-a", action="store_true",
+                        help="with --erasure-only: the Created comparison again with both"
+                        " sides sealed (its ratio should be 1: the method's own spread)")
     parser.add_argument("--webhooks-only", action="store_true",
                         help="measure only the 'webhooks' section: Created over HTTP with no"
                         " webhook subscription and with one to a fast local receiver (its"
@@ -153,7 +156,8 @@ def on_schema(report: dict[str, Any], args: argparse.Namespace, admin_url: str,
             return
         if args.erasure_only:
             report["erasure"] = erasure_cost(url, tmp, services, args.workers, args.clients,
-                                             args.seconds, args.rounds, admin_url)
+                                             args.seconds, args.rounds, admin_url,
+                                             a_a=args.erasure_a_a)
             return
         if args.bulk_only:
             report["bulk"] = bulk_cost(services, admin_url, url, schema, tmp, args.workers,

@@ -455,10 +455,11 @@ def test_the_erasure_section_runs_both_sides_at_once_and_judges_the_median_ratio
     a database each, every client alternating between them, so each side gets
     as many creates (within one per client); the sealed side really stored
     format 1 and the cleartext side format 0; PostgreSQL's CPU is split by
-    database; the ratio is the median of the rounds'. No timing is asserted."""
+    database; the ratio is the median of the rounds'; --erasure-a-a runs the
+    same with both sides sealed. No timing is asserted."""
     report, stderr = bench(
-        "--erasure-only", "--rounds", "2", "--seconds", "0.5", "--workers", "1",
-        "--clients", "2",
+        "--erasure-only", "--erasure-a-a", "--rounds", "2", "--seconds", "0.5",
+        "--workers", "1", "--clients", "2",
     )
     created = report["erasure"]["created_over_http"]
     rounds = created["rounds"]
@@ -477,6 +478,8 @@ def test_the_erasure_section_runs_both_sides_at_once_and_judges_the_median_ratio
     assert created["cpu_ratio"] == pytest.approx(
         statistics.median(run["cpu_ratio"] for run in rounds), abs=0.001
     )
+    same = report["erasure"]["created_a_a"]  # --erasure-a-a: both sides sealed, not judged
+    assert same["stored_format"] == {"sealed": 1, "cleartext": 1} and len(same["rounds"]) == 2
     targets = report["targets"]
     assert set(targets) == {"created_cpu_sealed_vs_cleartext", "forget_100_events_seconds"}
     assert targets["created_cpu_sealed_vs_cleartext"]["measured"] == created["cpu_ratio"]
