@@ -9,6 +9,7 @@ the URL through the environment.
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -51,6 +52,19 @@ def _drop_schema(schema: str) -> None:
     with psycopg.connect(postgres_admin_url(), autocommit=True) as connection:
         statement = sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema))
         connection.execute(statement)
+
+
+@pytest.fixture
+def cluster_dir() -> Iterator[Path]:
+    """A directory for a test's own PostgreSQL cluster, outside pytest's
+    basetemp: the cluster runs as the postgres OS user, which must enter every
+    ancestor of its directory (scripts/start-postgres grants o+x on them), and
+    any other pytest session starting on the machine sets /tmp/pytest-of-root
+    back to 0700, after which initdb, a restart or a base backup there fails
+    with "Permission denied". Removed after the test."""
+    directory = Path(tempfile.mkdtemp(prefix="kandev-es-cluster-"))
+    yield directory
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 @pytest.fixture

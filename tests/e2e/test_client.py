@@ -208,12 +208,12 @@ def test_feed_with_stream_seconds_returns_while_events_keep_coming(server):
         writing.join(timeout=30)
 
 
-def test_create_waits_out_503_retry_after_while_the_database_is_down(tmp_path):
+def test_create_waits_out_503_retry_after_while_the_database_is_down(tmp_path, cluster_dir):
     """A stopped PostgreSQL makes the served process answer 503 store_unavailable
     with Retry-After (its breaker open). The client resends the identical body,
     each time no sooner than Retry-After, and creates once the database is back;
     a client whose deadline is shorter than Retry-After gives up at once."""
-    cluster = start_cluster(tmp_path / "pg")
+    cluster = start_cluster(cluster_dir / "pg")
     settings = Settings(data_dir=tmp_path / "data", database_url=cluster.url)
     served = ServedProcess(settings, tmp_path, workers=1)
     wire, short = Wire(), Wire()

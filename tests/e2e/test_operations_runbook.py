@@ -20,10 +20,8 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -244,19 +242,8 @@ def _held(kandev_url: str, workspace: str) -> set[str]:
     return {row[0] for row in rows}
 
 
-@pytest.fixture
-def own_tmp() -> Iterator[Path]:
-    """A directory outside pytest's basetemp: the cluster runs as 'postgres',
-    which must be able to enter every ancestor of its directory, and another
-    pytest session starting on the machine sets /tmp/pytest-of-root back to
-    0700 (the cluster then failed to reach its files mid-test)."""
-    directory = Path(tempfile.mkdtemp(prefix="kandev-es-runbook-"))
-    yield directory
-    shutil.rmtree(directory, ignore_errors=True)
-
-
-def test_the_postgresql_runbook_runs_as_written(own_tmp):
-    tmp_path = own_tmp
+def test_the_postgresql_runbook_runs_as_written(cluster_dir):
+    tmp_path = cluster_dir  # the cluster's, the service user's and the backups' (conftest)
     pg_host = tmp_path / "pg-host"
     _as_postgres(pg_host)
     _as_postgres(pg_host / "backups")

@@ -149,7 +149,7 @@ def test_a_failing_projection_does_not_hold_back_the_others(client, services, me
 
 
 @pytest.mark.postgres_only
-def test_runner_catches_up_after_the_database_restarts_under_load(tmp_path, backend):
+def test_runner_catches_up_after_the_database_restarts_under_load(tmp_path, backend, cluster_dir):
     """A private cluster, restarted while creates are flowing: the runner
     reconnects and every completed creation reaches the feed exactly once."""
     from kandev_es.api import create_app
@@ -157,7 +157,7 @@ def test_runner_catches_up_after_the_database_restarts_under_load(tmp_path, back
     from kandev_es.config import Settings
     from tests.support.postgres import start_cluster
 
-    cluster = start_cluster(tmp_path / "pg")
+    cluster = start_cluster(cluster_dir / "pg")
     services = bootstrap(Settings(data_dir=tmp_path / "data", database_url=cluster.url))
     try:
         workspace = services.workspaces.open("restart")

@@ -23,8 +23,8 @@ def timed_failure(call) -> tuple[StoreUnavailable, float]:
     return failure.value, time.perf_counter() - started
 
 
-def test_creates_fail_fast_with_a_typed_503_while_the_database_is_down(tmp_path):
-    cluster = start_cluster(tmp_path / "pg")
+def test_creates_fail_fast_with_a_typed_503_while_the_database_is_down(tmp_path, cluster_dir):
+    cluster = start_cluster(cluster_dir / "pg")
     services = None
     try:
         services = bootstrap(

@@ -9,8 +9,8 @@ from kandev_es.config import Settings
 from tests.support.postgres import start_cluster
 
 
-def test_creates_and_founds_work_again_after_a_database_restart(tmp_path):
-    cluster = start_cluster(tmp_path / "pg")
+def test_creates_and_founds_work_again_after_a_database_restart(tmp_path, cluster_dir):
+    cluster = start_cluster(cluster_dir / "pg")
     services = None
     try:
         services = bootstrap(Settings(data_dir=tmp_path / "data", database_url=cluster.url))
