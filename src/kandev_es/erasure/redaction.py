@@ -62,10 +62,10 @@ def redacted_state(
     holds none in cleartext (a sealed event, another task's, or one whose
     text is already null)."""
     spec = SEALED_FIELDS.get(topic)
-    if spec is None or f'"{SEALED}"'.encode() in state:
+    if spec is None:
         return None
     document = json.loads(state)
-    if _at(document, spec[1], originator) not in owners:
+    if SEALED in document or _at(document, spec[1], originator) not in owners:
         return None
     changed = False
     for path in spec[0]:
@@ -86,7 +86,8 @@ def _at(document: Any, path: tuple[str, ...], originator: uuid.UUID) -> uuid.UUI
     """The task an event's free text belongs to (its originator for ``()``)."""
     if not path:
         return originator
-    value = _parent(document, (*path, ""))
+    value = _parent(document, path)
+    value = value.get(path[-1]) if isinstance(value, dict) else None
     if isinstance(value, dict):  # the transcoder's {"_type_": "uuid", "_data_": hex}
         value = value.get("_data_")
     try:
