@@ -94,19 +94,22 @@ class Side:
         self.admin = postgres_target(admin_url).conninfo
         with psycopg.connect(self.admin, autocommit=True) as conn:
             conn.execute(f'CREATE DATABASE "{self.database}"')
-        parts = urlsplit(admin_url)
-        url = urlunsplit(parts._replace(path=f"/{self.database}"))
+        url = urlunsplit(urlsplit(admin_url)._replace(path=f"/{self.database}"))
         data = tmp / f"erasure-{name}-{self.database[-8:]}"
         self.env = environment(url, data, KANDEV_SEAL_FREE_TEXT=seal)
-        db_init(self.env)
         self.settings = Settings(data_dir=data, database_url=url)
-        services = bootstrap(self.settings)
         try:
-            workspace = services.workspaces.open(f"bench-erasure-{name}", "BER")
-            self.token, _ = services.tokens.issue(workspace_id=workspace.id, admin=False)
-            self.workspace = workspace.id
-        finally:
-            services.close()
+            db_init(self.env)
+            services = bootstrap(self.settings)
+            try:
+                workspace = services.workspaces.open(f"bench-erasure-{name}", "BER")
+                self.token, _ = services.tokens.issue(workspace_id=workspace.id, admin=False)
+                self.workspace = workspace.id
+            finally:
+                services.close()
+        except BaseException:
+            self.drop()
+            raise
 
     def stored_format(self) -> int | None:
         """The event format of the side's stored tasks, as written (1: sealed,
@@ -133,8 +136,10 @@ def _created(
     postgres: PostgresSide, flags: dict[str, str],
 ) -> dict[str, Any]:  # fmt: skip
     """The rounds of one comparison; ``flags``: each side's KANDEV_SEAL_FREE_TEXT."""
-    sides = [Side(admin_url, tmp, name, flags[name]) for name in SIDES]
+    sides: list[Side] = []
     try:
+        for name in SIDES:
+            sides.append(Side(admin_url, tmp, name, flags[name]))
         runs = []
         for number in range(rounds):
             order = sides if number % 2 == 0 else sides[::-1]
@@ -170,9 +175,7 @@ def _round(
     servers: dict[str, Gunicorn] = {}
     try:
         for side in order:
-            servers[side.name] = Gunicorn(
-                side.env, workers, tmp / f"{side.database}-{number}.log"
-            )
+            servers[side.name] = Gunicorn(side.env, workers, tmp / f"{side.database}-{number}.log")
         run["settle"] = settle(servers, postgres, order)
         counts: Counter[str] = Counter()
         failures: Counter[str] = Counter()
