@@ -29,16 +29,19 @@ from collections.abc import Iterable, Sequence, Set
 from dataclasses import dataclass
 from typing import Any
 
+from eventsourcing.utils import get_topic
 from kandev_es_client import ledger as chains
 from kandev_es_client.signed_note import Signer, sign_note
 
 from kandev_es.domain.identity import Identity
 from kandev_es.domain.release import release_operation_id
+from kandev_es.domain.task import Task
 from kandev_es.errors import Contended
 from kandev_es.storage import ledger as store
 from kandev_es.storage.database import Database
 from kandev_es.storage.sealing import SEALED, SEALED_FIELDS
 
+_FORGOTTEN = get_topic(Task.Forgotten)
 # The same JSON the library's transcoder reads (compact, UTF-8).
 _ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
@@ -121,6 +124,19 @@ def rewrites(owners: Set[uuid.UUID], stored: Iterable[Any]) -> list[Rewrite]:
         if new is not None:
             found.append(Rewrite(stream, event.originator_version, event.topic, event.state, new))
     return found
+
+
+def named(task_events: Iterable[Any]) -> set[tuple[uuid.UUID, int]]:
+    """The (stream, version) the redaction statement of a forgotten task's
+    ``Task.Forgotten`` (among its stream's stored events) names: what a
+    replayed forget may still rewrite, and nothing else."""
+    for event in task_events:
+        if event.topic == _FORGOTTEN:
+            note = json.loads(event.state).get("redactions")
+            if not isinstance(note, str):
+                return set()
+            return {(e.stream, e.version) for e in chains.statement_entries(note, 0)}
+    return set()
 
 
 def statement(database: Database, found: Sequence[Rewrite]) -> list[chains.Redaction]:

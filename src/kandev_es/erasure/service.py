@@ -78,8 +78,9 @@ class ForgetService:
             task = self._authorized(principal, task_id)
             identity = self._app.load(task.identity_id, Identity)
             found = self._cleartext(task, identity)
-            if task.forgotten:
-                self._rewrite(found)  # what a first forget left undone (it stopped)
+            if task.forgotten:  # what a first forget left undone (it stopped), only that
+                named = redaction.named(self._app.recorder.select_events(task_id))
+                self._rewrite([r for r in found if (r.stream, r.version) in named])
                 return ForgetResult(answer(task, None), replayed=True)
             entries = redaction.statement(self._database, found)
             note = redaction.signed(self._signer(), task_id, entries) if entries else None
