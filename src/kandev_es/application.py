@@ -562,6 +562,15 @@ class Tasks(Application):  # type: ignore[type-arg]
             found: Followed = following_rows(query, params, watched)
             return found
 
+    def checkpoint(self) -> None:
+        """Take a checkpoint of the log's visible head (settled.py), which a
+        later settled or following read settles; nothing where the store has
+        none (SQLite: what is visible is settled)."""
+        checkpoint = getattr(self.recorder, "checkpoint", None)
+        if checkpoint is not None:
+            with self._store_call():
+                checkpoint()
+
     def max_notification_id(self) -> int:
         with self._store_call():
             return int(self.recorder.max_notification_id() or 0)

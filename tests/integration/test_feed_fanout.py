@@ -149,6 +149,34 @@ def test_the_reader_is_woken_by_its_own_save_as_it_commits(client, services, wor
         reader.stop()
 
 
+def test_a_save_during_the_wait_after_a_busy_pass_is_handed_out_by_the_next_pass(
+    client, services, workspace, member, monkeypatch
+):
+    """After a pass that handed events out the reader waits, and takes a
+    checkpoint of the log's head shortly before its next pass, which then
+    settles and hands out what committed until then (on PostgreSQL, without
+    it, only the pass after: a row settles by a checkpoint taken once it is
+    visible, and the busy pass's own was taken before it)."""
+    monkeypatch.setattr(fanout, "BUSY_COALESCE_SECONDS", 2.0)
+    monkeypatch.setattr(fanout, "CHECKPOINT_LEAD_SECONDS", 1.0)
+    monkeypatch.setattr(fanout, "STALL_SECONDS", 60.0)  # no read to the writers' head
+    reader = FeedFanout(FeedSource(services.app, services.database), StreamAccess(services.app))
+    follower = reader.subscribe(workspace.id, services.app.max_notification_id())
+    try:
+        follower.take(0.1)
+        follower.take(0.1)
+        made(client, member[1], 1, "BUSY")
+        take_until(follower, 1)
+        busy_pass = reader.passes
+        [later] = made(client, member[1], 1, "DURING")  # well before the checkpoint
+        [event] = take_until(follower, 1)
+        assert event.envelope["subject"] == later
+        assert reader.passes == busy_pass + 1
+    finally:
+        follower.close()
+        reader.stop()
+
+
 def test_the_reader_sees_a_save_it_did_not_make_by_the_head_and_stops_with_its_followers(
     client, services, workspace, member
 ):

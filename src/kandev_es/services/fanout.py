@@ -12,7 +12,10 @@ process (``FeedFanout``), running while any follower is at the head:
   small statement every WATCH_SECONDS while it moves, backing off to
   WATCH_IDLE_SECONDS while it is still): the saves of other workers and nodes;
   it passes at most every COALESCE_SECONDS (BUSY_COALESCE_SECONDS after a pass
-  that handed events out), so the saves of those milliseconds share one read;
+  that handed events out, with a checkpoint of the head CHECKPOINT_LEAD_SECONDS
+  before the next pass, which then hands out what committed until then), so the
+  saves of those milliseconds share one read, and its streams are woken as
+  seldom: a stream's wake and write cost its worker more than its events;
 - reads each new page of the followed workspaces' feed rows once, up to the
   position its checkpoints have settled, in one statement (``FeedSource.follow``:
   no pg_locks, no waiting; the writers' settled head of services/feeds.py only at
@@ -72,6 +75,10 @@ log = logging.getLogger("kandev_es.feeds")
 PAGE = 500  # feed rows a read returns at most
 COALESCE_SECONDS = 0.01  # between passes, after one that found nothing
 BUSY_COALESCE_SECONDS = 0.2  # after one that handed events out: saves keep coming
+# ... and this long before the pass after such a wait, a checkpoint of the log's
+# head: the pass then hands out what committed until then, not only what the
+# pass before it saw (a row settles by a checkpoint taken after it was visible).
+CHECKPOINT_LEAD_SECONDS = 0.05
 WATCH_SECONDS = 0.005
 WATCH_IDLE_SECONDS = 0.05
 STALL_SECONDS = 0.25  # the reader's settled position held back: read to the writers' head
@@ -159,6 +166,8 @@ class FeedSource:
         self._settled: SettledRows = app.settled_rows
         # The log's head: what the reader watches for other processes' saves.
         self.head: Callable[[], int] = app.max_notification_id
+        # A checkpoint of that head, for the reader's next pass to settle.
+        self.checkpoint: Callable[[], None] = app.checkpoint
         self.top = 0  # the log's head as the reader's last statement saw it
         self._bound = 0  # the highest settled position a following read found
         self._stalled = time.monotonic()  # when that last moved (or reached the head)
@@ -483,8 +492,25 @@ class FeedFanout:
                 log.exception("feed reader pass failed")
                 self._end_everyone("feed reader failed")
             watch.through = self._through or 0
-            SERVER_STOPPING.wait(BUSY_COALESCE_SECONDS if self._busy else COALESCE_SECONDS)
+            self._coalesce()
             watch.wait(rung, checked + CHECK_SECONDS, self.source.top)
+
+    def _coalesce(self) -> None:
+        """The wait between passes: COALESCE_SECONDS after one that found
+        nothing; BUSY_COALESCE_SECONDS after one that handed events out, with
+        a checkpoint CHECKPOINT_LEAD_SECONDS before its end."""
+        if not self._busy:
+            SERVER_STOPPING.wait(COALESCE_SECONDS)
+            return
+        if SERVER_STOPPING.wait(BUSY_COALESCE_SECONDS - CHECKPOINT_LEAD_SECONDS):
+            return
+        if self._stopped or not (self._followers or self._joining):
+            return  # nothing to read for: the thread ends at its next look
+        try:
+            self.source.checkpoint()
+        except Exception as error:  # the store away: the next pass says so
+            log.debug("feed reader checkpoint: %s", error)
+        SERVER_STOPPING.wait(CHECKPOINT_LEAD_SECONDS)
 
     def _pass(self) -> None:
         """Read what is new for every followed workspace, page by page, and
