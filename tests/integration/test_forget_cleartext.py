@@ -157,6 +157,12 @@ def test_a_cleartext_task_is_forgotten_under_a_statement_and_every_proof_holds(
         held = ["--checkpoint", str(tmp_path / "first.txt")]
         assert offline(["bundle", str(tmp_path / f"after-{kind}.json"), *ring, *held]) == 0
 
+    page = ledger.identity_verification(  # the auditor's page's Tamper evidence
+        plain.app, plain.database, plain.settings, done.workspace.id, "OLD-1"
+    )
+    assert page["state"] == "verified", page
+    assert "  v2 Claimed: verified, redacted by statement v8, consistent" in page["lines"]
+
     for checkpoint in ("first.txt", "second.txt"):
         verified = cli("audit", "verify", "--ledger", "--checkpoint", str(tmp_path / checkpoint))
         assert verified.exit_code == 0, verified.output
