@@ -13,9 +13,11 @@ import uuid
 from pathlib import Path
 
 from kandev_es.domain.task import Task
+from kandev_es.services.ledger_audit import describe, verify_ledger
 from projections.rebuild import rebuild
 from tests.conftest import bearer, postgres_admin_url
 from tests.integration.helpers import create
+from tests.integration.test_ledger import keyring, logged
 from tests.support.postgres import postgres_program
 
 MARKER = "Zebra-Marker-4711"
@@ -149,6 +151,13 @@ def test_release_history_and_rebuild_work_on_a_forgotten_task(
     )
     assert released.status_code == 200, released.json
     assert released.json["title"] is None
+    # The release's stored answer (its free text null) made the task no new
+    # data key: the audit still finds the forgotten task's key gone.
+    with services.database.transaction() as tx:
+        assert tx.execute("SELECT task_id FROM task_keys") == []
+    logged(services, workspace, member)
+    audited = verify_ledger(services.app, services.database, keyring(services))
+    assert audited.ok, describe(audited)
     live = read_side(services, workspace, client, member[1])
     for name in ("tasks", "identities", "feeds"):
         rebuild(services.projections, name, batch_size=3)

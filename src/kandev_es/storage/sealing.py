@@ -138,6 +138,16 @@ def seal(state: dict[str, Any], topic: str, task_id: uuid.UUID, key: bytes | AES
     return True
 
 
+def holds_text(state: Mapping[str, Any], topic: str) -> bool:
+    """Whether ``state`` holds a value in one of ``topic``'s free-text members.
+    One whose members are all None (what a forgotten task's release answer
+    holds) is stored as it is: sealing nothing would make a forgotten task a
+    new data key, which its audit would find stored (its key must be gone)."""
+    parent, names = _HOLDERS[topic]
+    holder = state if parent is None else state.get(parent)
+    return isinstance(holder, Mapping) and any(holder.get(name) is not None for name, _ in names)
+
+
 def unseal(state: dict[str, Any], topic: str, key: bytes | None) -> bool:
     """Put the sealed members back into ``state`` (None each when ``key`` is
     None or does not open the box). True: the values were recovered."""
@@ -291,7 +301,7 @@ class SealingMapper(Mapper):  # type: ignore[type-arg]
         if class_version > 1:
             state["class_version"] = class_version
         task_id = _task_of(state, spec[1], originator_id)
-        if task_id is not None:
+        if task_id is not None and holds_text(state, topic):
             seal(state, topic, task_id, self._cipher(task_id, topic, made))
         stored = self.transcoder.encode(state)
         if self.compressor:
