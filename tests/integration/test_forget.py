@@ -170,6 +170,13 @@ def test_the_marker_is_nowhere_in_the_store_after_the_documented_steps(
 ):
     forgotten_task(client, services, member, operator)
     services.close()
+    nowhere_in_store(settings)
+
+
+def nowhere_in_store(settings, marker=MARKER):
+    """After the documented steps (docs/operations.md: Erasure) ``marker`` is
+    in no file of the SQLite data dir, nor in PostgreSQL's dump of the schema
+    or its table files (the store's services closed first)."""
     if settings.postgres is None:
         with sqlite3.connect(settings.sqlite_path) as connection:  # docs/operations.md: Erasure
             connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -178,26 +185,18 @@ def test_the_marker_is_nowhere_in_the_store_after_the_documented_steps(
         files = [p for p in Path(settings.data_dir).rglob("*") if p.is_file()]
         assert settings.sqlite_path in files
         for path in files:
-            assert MARKER.encode() not in path.read_bytes(), path
+            assert marker.encode() not in path.read_bytes(), path
         return
     schema = settings.postgres.schema
     dump = subprocess.run(
-        [
-            postgres_program("pg_dump"),
-            "--no-owner",
-            "--schema",
-            schema,
-            "-d",
-            settings.postgres.conninfo,
-        ],
-        capture_output=True,
-        timeout=60,
-        check=True,
-    ).stdout
+        [postgres_program("pg_dump"), "--no-owner", "--schema", schema,
+         "-d", settings.postgres.conninfo],
+        capture_output=True, timeout=60, check=True,
+    ).stdout  # fmt: skip
     assert b"task_keys" in dump and b"feed_events" in dump
-    assert MARKER.encode() not in dump
+    assert marker.encode() not in dump
     for path in table_files(schema):
-        assert MARKER.encode() not in path.read_bytes(), path
+        assert marker.encode() not in path.read_bytes(), path
 
 
 def table_files(schema):

@@ -7,17 +7,13 @@ null, and after the documented VACUUM steps the name is nowhere in the store."""
 
 from __future__ import annotations
 
-import sqlite3
-import subprocess
 import uuid
-from pathlib import Path
 
 from kandev_es.bootstrap import bootstrap
 from kandev_es.domain.attachment import Attachment, attachment_id_for
 from tests.conftest import bearer
 from tests.integration.helpers import create
-from tests.integration.test_forget import MARKER, forget, table_files
-from tests.support.postgres import postgres_program
+from tests.integration.test_forget import MARKER, forget, nowhere_in_store
 
 NAME = f"{MARKER}-passport.pdf"
 
@@ -104,22 +100,4 @@ def test_the_file_name_is_nowhere_in_the_store_after_the_documented_steps(
     task_id, _, _ = claimed_upload(client, services, workspace, member)
     assert forget(client, operator[1], task_id).status_code == 200
     services.close()
-    if settings.postgres is None:
-        with sqlite3.connect(settings.sqlite_path) as connection:  # docs/operations.md: Erasure
-            connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-            connection.execute("VACUUM")
-            connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        files = [p for p in Path(settings.data_dir).rglob("*") if p.is_file()]
-        assert settings.sqlite_path in files
-        for path in files:
-            assert MARKER.encode() not in path.read_bytes(), path
-        return
-    schema = settings.postgres.schema
-    dump = subprocess.run(
-        [postgres_program("pg_dump"), "--no-owner", "--schema", schema,
-         "-d", settings.postgres.conninfo],
-        capture_output=True, timeout=60, check=True,
-    ).stdout  # fmt: skip
-    assert b"task_keys" in dump and MARKER.encode() not in dump
-    for path in table_files(schema):
-        assert MARKER.encode() not in path.read_bytes(), path
+    nowhere_in_store(settings)
