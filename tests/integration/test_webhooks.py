@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import json
 import time
 import uuid
 
@@ -414,3 +415,29 @@ def test_an_answer_trickled_a_byte_at_a_time_is_cut_at_the_attempts_deadline(
     first = log[-1]
     assert first["result"] == "no_answer" and "timed out" in first["response"], first
     assert 1800 <= first["latency_ms"] < 4000, first  # 40 bytes at 0.25 s would take 10 s
+
+
+def test_a_forget_blanks_the_logged_answers_to_its_tasks_deliveries(
+    client, services, workspace, operator, member, deliverer
+):
+    """A receiver that echoes the title it got: the delivery log keeps a snippet of
+    each answer, here the task's title. Forgetting the task blanks the
+    snippets of its events' deliveries (another task's stay as they were)."""
+    from tests.integration.test_forget import MARKER, forget
+
+    def echo(received, nth):  # the title it got, as a receiver's answer might show it
+        return 200, {}, json.dumps(received.event["data"]["title"]).encode()
+
+    with Receiver(echo) as receiver:
+        made = subscribe(client, workspace, operator[1], receiver.url)
+        erased = create(client, member[1], title=f"{MARKER} erased").json["id"]
+        create(client, member[1], title="kept words")
+        log = logged(services, workspace, made["id"], 2)
+        assert MARKER in repr(log) and "kept words" in repr(log)
+        assert forget(client, operator[1], erased).status_code == 200
+        receiver.wait_for(lambda r: len(r) >= 3)  # the forget's task.updated
+    log = logged(services, workspace, made["id"], 3)
+    assert MARKER not in repr(log) and "kept words" in repr(log), log
+    with services.database.transaction() as tx:
+        snippets = [str(row[0]) for row in tx.execute("SELECT snippet FROM webhook_deliveries")]
+    assert len(snippets) == 3 and not any(MARKER in snippet for snippet in snippets)

@@ -36,6 +36,8 @@ from kandev_es.observability.serving import current_request_id
 from kandev_es.storage.database import Database
 
 ATTEMPTS = 8
+# What the webhook delivery log shows of an answer to a forgotten task's event.
+FORGOTTEN_ANSWER = "(forgotten with its task)"
 MAX_REASON = 500
 
 
@@ -94,7 +96,7 @@ class ForgetService:
             keys = [task_id, *(attachment.id for attachment in attachments)]
             views: dict[str, list[tuple[Any, ...]]] = {
                 "task_keys_gone": [(str(key),) for key in keys],
-                "feed_forgotten": self._feed_rewrites(task_id),
+                **self._feed_rewrites(task_id),
             }
             saved = [a for a in (task, identity, *attachments) if a and a.pending_events]
             try:
@@ -153,9 +155,11 @@ class ForgetService:
             attachment.forget(task.id)
         return found
 
-    def _feed_rewrites(self, task_id: uuid.UUID) -> list[tuple[int, str]]:
+    def _feed_rewrites(self, task_id: uuid.UUID) -> dict[str, list[tuple[int, str]]]:
         """The task's feed rows (JSON feed, SSE replay, webhooks read them),
-        each with its DTO's free text as a rebuild makes it: null."""
+        each with its DTO's free text as a rebuild makes it: null; and the
+        webhook delivery log's answers to them blanked (a receiver's answer
+        may echo what it got)."""
         subject: Any = task_id if self._database.backend == "postgres" else str(task_id)
         with self._database.transaction() as tx:
             rows = tx.execute(
@@ -167,7 +171,8 @@ class ForgetService:
             if any(dto.get(name) is not None for name in FORGETTABLE_FIELDS):
                 dto.update(dict.fromkeys(FORGETTABLE_FIELDS))
                 rewritten.append((int(position), json.dumps(dto)))
-        return rewritten
+        answers = [(int(position), FORGOTTEN_ANSWER) for position, _ in rows]
+        return {"feed_forgotten": rewritten, "deliveries_forgotten": answers}
 
 
 def answer(task: Task, reason: str | None) -> dict[str, Any]:

@@ -145,6 +145,12 @@ WRITES: tuple[Write, ...] = (
         "feed_forgotten", "feed_events", "update", (("position", "bigint"), ("data", "text")),
         keys=("position",), updates=("data",),
     ),
+    # ... and the webhook delivery log's answers to its events (a receiver's
+    # answer may echo the title it got: webhooks/transport.py's snippet).
+    Write(
+        "deliveries_forgotten", "webhook_deliveries", "update",
+        (("position", "bigint"), ("snippet", "text")), keys=("position",), updates=("snippet",),
+    ),
 )  # fmt: skip
 _BY_KEY = {write.key: write for write in WRITES}
 _SQLITE = {write.key: write.sqlite() for write in WRITES}
