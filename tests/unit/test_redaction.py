@@ -47,3 +47,18 @@ def test_a_sealed_event_or_one_without_free_text_is_left_alone():
     sealed = {"sealed": {"v": 1, "task": TASK.hex, "fields": ["title"], "box": "AA=="}}
     assert redacted_state(get_topic(Task.Created), state(sealed), {TASK}, TASK) is None
     assert redacted_state(get_topic(Task.Deleted), state({"title": "x"}), {TASK}, TASK) is None
+
+
+def test_a_replay_reads_no_names_from_a_statement_that_is_not_one():
+    """A Forgotten event whose statement was tampered with into something that
+    is not a signed note: a replayed forget rewrites nothing more (the audit
+    names the statement), instead of failing with an untyped error (a 500)."""
+    from types import SimpleNamespace
+
+    from kandev_es.erasure.redaction import named
+
+    for note in ("not a note", "kandev-es/redaction-statement/v1\nx\n\n— k AAAA\n"):
+        event = SimpleNamespace(
+            topic=get_topic(Task.Forgotten), state=state({"reason": "r", "redactions": note})
+        )
+        assert named([event]) == set()

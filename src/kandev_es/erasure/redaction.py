@@ -31,6 +31,7 @@ from typing import Any
 
 from eventsourcing.utils import get_topic
 from kandev_es_client import ledger as chains
+from kandev_es_client.merkle import ProofError
 from kandev_es_client.signed_note import Signer, sign_note
 
 from kandev_es.domain.identity import Identity
@@ -129,13 +130,17 @@ def rewrites(owners: Set[uuid.UUID], stored: Iterable[Any]) -> list[Rewrite]:
 def named(task_events: Iterable[Any]) -> set[tuple[uuid.UUID, int]]:
     """The (stream, version) the redaction statement of a forgotten task's
     ``Task.Forgotten`` (among its stream's stored events) names: what a
-    replayed forget may still rewrite, and nothing else."""
+    replayed forget may still rewrite, and nothing else (nothing when it is
+    not a statement: the audit names it)."""
     for event in task_events:
         if event.topic == _FORGOTTEN:
             note = json.loads(event.state).get("redactions")
             if not isinstance(note, str):
                 return set()
-            return {(e.stream, e.version) for e in chains.statement_entries(note, 0)}
+            try:
+                return {(e.stream, e.version) for e in chains.statement_entries(note, 0)}
+            except ProofError:
+                return set()
     return set()
 
 
