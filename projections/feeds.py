@@ -28,7 +28,7 @@ from kandev_es.projections.base import db_id, event_topics, load_dtos
 from kandev_es.projections.tasks import advance
 
 from kandev_es.domain.ids import namespace
-from kandev_es.domain.task import TASK_ACTIVE, Task
+from kandev_es.domain.task import FORGETTABLE_FIELDS, TASK_ACTIVE, Task
 from kandev_es.storage.database import Transaction
 from kandev_es.storage.tables import TableSet
 
@@ -103,6 +103,33 @@ class FeedsProjection(TableSet):
             if kind is not None:
                 rows.append(self._row(event, position, kind, dto, backend))
         self._write(tx, rows, {k: states.get(k) for k in changed}, backend)
+        forgotten = {  # each forgotten task's workspace (its rows' index)
+            e.originator_id: dto["workspace_id"]
+            for e, _ in events
+            if isinstance(e, Task.Forgotten) and (dto := states.get(e.originator_id))
+        }
+        if forgotten:
+            self._erase(tx, forgotten, backend)
+
+    def _erase(self, tx: Transaction, tasks: dict[uuid.UUID, str], backend: str) -> None:
+        """A forgotten task's earlier rows with their free text null, as the
+        forget rewrote the live ones (erasure/service.py): a rebuild that
+        decoded the task's events before the forget, with its key, would
+        otherwise swap rows holding the text back in."""
+        table = self.t("feed_events")
+        for task_id, workspace in tasks.items():
+            found = tx.execute(
+                f"SELECT position, data FROM {table} WHERE workspace_id = ? AND subject = ?",
+                (db_id(uuid.UUID(str(workspace)), backend), db_id(task_id, backend)),
+            )
+            changed = []
+            for position, data in found:
+                dto = json.loads(data)
+                if any(dto.get(name) is not None for name in FORGETTABLE_FIELDS):
+                    dto.update(dict.fromkeys(FORGETTABLE_FIELDS))
+                    changed.append((json.dumps(dto), position))
+            if changed:
+                tx.executemany(f"UPDATE {table} SET data = ? WHERE position = ?", changed)
 
     @staticmethod
     def _row(

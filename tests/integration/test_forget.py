@@ -261,3 +261,24 @@ def test_the_cli_forgets_a_task_as_the_route_does(client, services, member, cli)
     assert MARKER not in shown.stdout and json.loads(shown.stdout)["title"] is None
     refused = cli("task", "forget", str(uuid.uuid4()), "--reason", "art. 17")
     assert refused.exit_code != 0 and "task not found" in refused.output
+
+
+def test_a_forget_while_the_feeds_are_rebuilt_leaves_no_free_text_in_them(
+    client, services, workspace, member, operator
+):
+    """A rebuild replays into fresh tables and swaps them in: a forget after
+    the replay decoded the task's events (with its key) but before the swap
+    rewrote only the live feed rows. The rebuilt ones must not hold the text
+    either: the feed projection's Forgotten rewrites the task's earlier rows."""
+    made = create(client, member[1], external_id="ERASE-R", title=f"{MARKER} title")
+    assert made.status_code == 200, made.json
+    forgot = []
+
+    def progress(position, head, applied):
+        if position >= head and not forgot:  # replayed; the swap comes next
+            forgot.append(forget(client, operator[1], made.json["id"]).status_code)
+
+    rebuild(services.projections, "feeds", progress=progress)
+    assert forgot == [200]
+    feed, _, _ = read_side(services, workspace, client, member[1])
+    assert len(feed) == 2 and MARKER not in repr(feed), feed
