@@ -18,6 +18,7 @@ from kandev_es_client import merkle
 from kandev_es.domain.external_id import identity_id
 from kandev_es.services import ledger
 from kandev_es.services.ledger_audit import verify_ledger
+from kandev_es.services.ledger_keys import load_keyring
 from kandev_es.storage.ledger import stored_chain_hashes
 from tests.conftest import bearer
 from tests.integration.helpers import create
@@ -38,7 +39,10 @@ def logged(services, workspace, member, *external_ids):
     deadline = time.monotonic() + 20
     while True:
         note = services.ledger.catch_up()
-        if note is not None and keyring(services).open_checkpoint(note).size >= stored:
+        # Every key with its window: right after a key rotation, the last
+        # checkpoint catch_up finds may still be the retired key's.
+        ring = load_keyring(services.settings)
+        if note is not None and ring.open_checkpoint(note).size >= stored:
             return note
         assert time.monotonic() < deadline, "no checkpoint covers the events just stored"
         time.sleep(0.05)
