@@ -18,7 +18,7 @@ from kandev_es.projections.base import BatchProjection, Projection, known_topics
 from kandev_es.projections.leadership import RETRY_SECONDS, make_leadership
 from kandev_es.projections.wakeup import Waker, make_waker
 
-from kandev_es import metrics
+from kandev_es import loops, metrics
 from kandev_es.application import Tasks
 from kandev_es.errors import StoreUnavailable
 from kandev_es.observability import tracing
@@ -64,6 +64,7 @@ class ProjectionRunner:
         self.projections = list(projections)
         self._batch_size = batch_size
         self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
         self.waker: Waker | None = None
         self.leading = False  # this process's background loop holds the lead
@@ -469,11 +470,8 @@ class ProjectionRunner:
 
     def start_thread(self, poll_seconds: float) -> threading.Thread:
         self._stop.clear()
-        thread = threading.Thread(
-            target=self.run_forever, args=(poll_seconds,), name="projections", daemon=True
-        )
-        thread.start()
-        return thread
+        return loops.start(self.run_forever, "projections", self._threads, (poll_seconds,))
 
     def stop(self) -> None:
-        self._stop.set()
+        """Stop the loop and wait for it: the store may be closed after."""
+        loops.stop(self._stop, self._threads)

@@ -19,7 +19,7 @@ PACKAGE = "kandev_es"
 # package's own __init__, its version).
 LAYERS: tuple[tuple[tuple[str, ...], ...], ...] = (
     (("", "errors", "redaction"),),
-    (("config",), ("limits",), ("access_log",)),
+    (("config",), ("limits",), ("access_log",), ("loops",)),
     (("domain",), ("metrics",), ("observability",)),
     (("views",),),
     (("storage",), ("agent",)),

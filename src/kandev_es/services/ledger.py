@@ -32,7 +32,7 @@ from kandev_es_client.signed_note import (
     split_note,
 )
 
-from kandev_es import metrics
+from kandev_es import loops, metrics
 from kandev_es.application import Tasks
 from kandev_es.config import Settings
 from kandev_es.domain.external_id import identity_id
@@ -91,6 +91,7 @@ class Sequencer:
         self.database = database
         self.settings = settings
         self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
         self._signer: Signer | None = None
         self._last_signed = time.monotonic()
         # What this process knows of the log (run_once, checkpoint_if_due): the
@@ -413,12 +414,11 @@ class Sequencer:
 
     def start_thread(self) -> threading.Thread:
         self._stop.clear()
-        thread = threading.Thread(target=self.run_forever, name="ledger", daemon=True)
-        thread.start()
-        return thread
+        return loops.start(self.run_forever, "ledger", self._threads)
 
     def stop(self) -> None:
-        self._stop.set()
+        """Stop the loop and wait for it: the store may be closed after."""
+        loops.stop(self._stop, self._threads)
 
 
 def _missing(key: KeyError) -> str:

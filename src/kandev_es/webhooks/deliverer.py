@@ -30,7 +30,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from kandev_es import metrics
+from kandev_es import loops, metrics
 from kandev_es.observability import serving, tracing
 from kandev_es.projections.leadership import Leadership, make_leadership
 from kandev_es.services.feeds import FeedItem
@@ -104,6 +104,7 @@ class Deliverer:
         self.rules = rules
         self._lead = lead or make_leadership(store.database, "webhook", LOCK_CLASS)
         self._stop = threading.Event()
+        self._loops: list[threading.Thread] = []
         self._leading = threading.Event()
         self._threads: dict[uuid.UUID, threading.Thread] = {}
         self._progress: dict[uuid.UUID, Progress] = {}
@@ -153,12 +154,11 @@ class Deliverer:
 
     def start_thread(self) -> threading.Thread:
         self._stop.clear()
-        thread = threading.Thread(target=self.run_forever, name="webhooks", daemon=True)
-        thread.start()
-        return thread
+        return loops.start(self.run_forever, "webhooks", self._loops)
 
     def stop(self) -> None:
-        self._stop.set()
+        """Stop the loop and wait for it: the store may be closed after."""
+        loops.stop(self._stop, self._loops)
 
     # ----- one subscription -------------------------------------------------
     def _run_subscription(self, subscription_id: uuid.UUID) -> None:
