@@ -26,6 +26,20 @@ TASK_BORN = ("Task.Created", "Task.CreatedActive")
 TASK_CREATED_SOURCES = ("Task.Activated", "Task.CreatedActive")
 
 
+def upload(
+    client: Any, workspace: Any, secret: str, content: bytes, name: str, content_type: str
+) -> Any:
+    """An attachment uploaded to ``workspace`` (201): its representation."""
+    answer = client.post(
+        f"/api/v1/workspaces/{workspace.id}/attachments",
+        query_string={"filename": name},
+        data=content,
+        headers={**bearer(secret), "Content-Type": content_type},
+    )
+    assert answer.status_code == 201, answer.json
+    return answer.json
+
+
 def task_created_count(services: Services) -> int:
     """How many Task.Created (or CreatedActive) events the store holds (the ground truth)."""
     count = 0

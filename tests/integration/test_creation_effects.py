@@ -17,6 +17,7 @@ from kandev_es.config import data_path
 from kandev_es.domain.agent_session import session_id_for
 from kandev_es.domain.wip import WipLedger, wip_ledger_id
 from tests.conftest import bearer
+from tests.integration import helpers
 from tests.integration.helpers import branches, create, make_git_repository, worktrees
 
 
@@ -34,14 +35,7 @@ def repo(client, workspace, operator, tmp_path):
 
 
 def upload(client, workspace, secret, content: bytes, name: str = "spec.txt"):
-    answer = client.post(
-        f"/api/v1/workspaces/{workspace.id}/attachments",
-        query_string={"filename": name},
-        data=content,
-        headers={**bearer(secret), "Content-Type": "text/plain"},
-    )
-    assert answer.status_code == 201, answer.json
-    return answer.json
+    return helpers.upload(client, workspace, secret, content, name, "text/plain")
 
 
 def test_repository_step_creates_a_branch_and_worktree(client, workspace, member, repo):

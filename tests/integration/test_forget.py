@@ -216,16 +216,7 @@ def table_files(schema):
         for table in tables:
             connection.execute(f"VACUUM FULL {table}")
         connection.execute("CHECKPOINT")
-        directory = Path(connection.execute("SHOW data_directory").fetchone()[0])
-        paths = connection.execute(
-            "SELECT pg_relation_filepath(c.oid) FROM pg_class c"
-            " JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s"
-            " AND c.relkind IN ('r', 't') UNION SELECT pg_relation_filepath(c.reltoastrelid)"
-            " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
-            " WHERE n.nspname = %s AND c.reltoastrelid <> 0",
-            (schema, schema),
-        ).fetchall()
-    found = [directory / row[0] for row in paths if row[0]]
+        found = relation_files(connection, schema)
     assert len(found) >= len(tables)
     return [
         p
@@ -233,6 +224,21 @@ def table_files(schema):
         for p in [base, *base.parent.glob(base.name + ".*")]
         if p.is_file() and not p.name.endswith(("_fsm", "_vm"))
     ]
+
+
+def relation_files(connection, schema):
+    """The first file of each table (and TOAST table) of the schema, as the
+    server ``connection`` reaches names them (each may have more segments)."""
+    directory = Path(connection.execute("SHOW data_directory").fetchone()[0])
+    paths = connection.execute(
+        "SELECT pg_relation_filepath(c.oid) FROM pg_class c"
+        " JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s"
+        " AND c.relkind IN ('r', 't') UNION SELECT pg_relation_filepath(c.reltoastrelid)"
+        " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE n.nspname = %s AND c.reltoastrelid <> 0",
+        (schema, schema),
+    ).fetchall()
+    return [directory / row[0] for row in paths if row[0]]
 
 
 def test_the_auditors_page_shows_a_forgotten_task_as_forgotten(

@@ -11,7 +11,7 @@ import uuid
 
 from kandev_es.bootstrap import bootstrap
 from kandev_es.domain.attachment import Attachment, attachment_id_for
-from tests.conftest import bearer
+from tests.integration import helpers
 from tests.integration.helpers import create
 from tests.integration.test_forget import MARKER, forget, nowhere_in_store
 
@@ -19,14 +19,7 @@ NAME = f"{MARKER}-passport.pdf"
 
 
 def upload(client, workspace, secret, content: bytes, name: str = NAME):
-    answer = client.post(
-        f"/api/v1/workspaces/{workspace.id}/attachments",
-        query_string={"filename": name},
-        data=content,
-        headers={**bearer(secret), "Content-Type": "application/pdf"},
-    )
-    assert answer.status_code == 201, answer.json
-    return answer.json
+    return helpers.upload(client, workspace, secret, content, name, "application/pdf")
 
 
 def stored_uploads(services, attachment_id):

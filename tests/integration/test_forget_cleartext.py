@@ -32,7 +32,7 @@ from kandev_es.services.ledger_audit import describe, verify_ledger
 from kandev_es.storage.ledger import stream_key
 from tests.conftest import bearer
 from tests.integration.helpers import create
-from tests.integration.test_forget import MARKER, forget
+from tests.integration.test_forget import MARKER, forget, relation_files
 from tests.integration.test_forget_attachments import upload
 from tests.integration.test_ledger import keyring, logged
 from tests.integration.test_release import lookup, release
@@ -243,16 +243,7 @@ def documented_steps_then_files(schema):
         connection.execute(f'SET search_path TO "{schema}"')
         for statement in DOCUMENTED.split(";")[:-1]:
             connection.execute(statement)
-        directory = Path(connection.execute("SHOW data_directory").fetchone()[0])
-        paths = connection.execute(
-            "SELECT pg_relation_filepath(c.oid) FROM pg_class c JOIN pg_namespace n"
-            " ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relkind IN ('r', 't')"
-            " UNION SELECT pg_relation_filepath(c.reltoastrelid) FROM pg_class c"
-            " JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s"
-            " AND c.reltoastrelid <> 0",
-            (schema, schema),
-        ).fetchall()
-    bases = [directory / row[0] for row in paths if row[0]]
+        bases = relation_files(connection, schema)
     assert len(bases) > 10
     return [
         path
